@@ -1,0 +1,469 @@
+/* _coremodule.c -- sbxlimit._core, the only file that includes Python.h.
+ *
+ * Converts Python arguments into a struct sbx_spec (all allocation happens
+ * here, in the parent), releases the GIL around the spawn, and hands child
+ * errors back as data: the Python layer (sbxlimit/_spawn.py) is the one
+ * place that turns them into exceptions.  Functions raise only OSError
+ * naming the system call, as psutil does.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "sbx.h"
+
+/* Everything a spec points into, freed in one place. */
+struct spec_storage {
+    PyObject *keep; /* list of bytes objects the char* point into */
+    char **exec_paths;
+    char **argv;
+    char **envp;
+    int *keep_fds;
+    gid_t *groups;
+    struct sbx_rlimit *rlimits;
+};
+
+static void storage_free(struct spec_storage *st)
+{
+    Py_CLEAR(st->keep);
+    PyMem_Free(st->exec_paths);
+    PyMem_Free(st->argv);
+    PyMem_Free(st->envp);
+    PyMem_Free(st->keep_fds);
+    PyMem_Free(st->groups);
+    PyMem_Free(st->rlimits);
+}
+
+/* A NULL-terminated char* array from a sequence of path-likes. */
+static char **to_cstrings(PyObject *seq, const char *what, struct spec_storage *st, size_t *n_out)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    Py_ssize_t i, n;
+    char **out;
+
+    if (!fast)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    out = PyMem_Calloc((size_t)n + 1, sizeof *out);
+    if (!out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *b = NULL;
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &b))
+            goto fail;
+        if (PyList_Append(st->keep, b) < 0) {
+            Py_DECREF(b);
+            goto fail;
+        }
+        out[i] = PyBytes_AS_STRING(b);
+        Py_DECREF(b); /* st->keep holds it */
+    }
+    Py_DECREF(fast);
+    if (n_out)
+        *n_out = (size_t)n;
+    return out;
+fail:
+    Py_DECREF(fast);
+    PyMem_Free(out);
+    return NULL;
+}
+
+static int to_ints(PyObject *seq, const char *what, int **out, size_t *n_out)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    Py_ssize_t i, n;
+
+    if (!fast)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(fast);
+    *out = PyMem_Calloc((size_t)n + 1, sizeof **out);
+    if (!*out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        if (v < INT_MIN || v > INT_MAX) {
+            Py_DECREF(fast);
+            PyErr_Format(PyExc_OverflowError, "%s: value out of range", what);
+            return -1;
+        }
+        (*out)[i] = (int)v;
+    }
+    Py_DECREF(fast);
+    *n_out = (size_t)n;
+    return 0;
+}
+
+static int to_u64_limit(PyObject *o, uint64_t *out)
+{
+    long long v;
+
+    if (o == Py_None) {
+        *out = SBX_RLIM_INF;
+        return 0;
+    }
+    v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = v < 0 ? SBX_RLIM_INF : (uint64_t)v;
+    return 0;
+}
+
+static int to_rlimits(PyObject *seq, struct spec_storage *st, size_t *n_out)
+{
+    PyObject *fast = PySequence_Fast(seq, "rlimits must be a sequence");
+    Py_ssize_t i, n;
+
+    if (!fast)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(fast);
+    st->rlimits = PyMem_Calloc((size_t)n + 1, sizeof *st->rlimits);
+    if (!st->rlimits) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, i);
+        PyObject *soft, *hard;
+        int resource;
+
+        if (!PyArg_ParseTuple(item, "iOO;rlimits items are (resource, soft, hard)", &resource,
+                              &soft, &hard))
+            goto fail;
+        if (sbx_rlimit_step(resource) == SBX_STEP_NONE) {
+            PyErr_Format(PyExc_ValueError, "rlimit resource %d is not handled by the core",
+                         resource);
+            goto fail;
+        }
+        st->rlimits[i].resource = resource;
+        if (to_u64_limit(soft, &st->rlimits[i].soft) < 0 ||
+            to_u64_limit(hard, &st->rlimits[i].hard) < 0)
+            goto fail;
+    }
+    Py_DECREF(fast);
+    *n_out = (size_t)n;
+    return 0;
+fail:
+    Py_DECREF(fast);
+    return -1;
+}
+
+/* Runs in a fork()ed child only (a preexec hook disables vfork). */
+static int preexec_hook(void *arg)
+{
+    PyObject *r;
+
+    PyOS_AfterFork_Child();
+    r = PyObject_CallNoArgs((PyObject *)arg);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+PyDoc_STRVAR(spawn_doc,
+             "spawn(exec_paths, argv, envp, cwd, stdin, stdout, stderr, close_fds,\n"
+             "      keep_fds, close_after, restore_signals, new_session, pgid, groups,\n"
+             "      gid, uid, umask, rlimits, pdeathsig, no_new_privs, preexec_fn,\n"
+             "      fail_step, fail_errno, /)\n"
+             "--\n\n"
+             "Start a child as described and wait until it has exec'd or failed.\n"
+             "The fds in close_after are closed before returning, in every case.\n"
+             "Returns (pid, None), or (pid, (step, errno, detail, wait_status)) when\n"
+             "the child failed at `step` (it is reaped by then).  Raises OSError only\n"
+             "for parent-side failures (pipe, clone).  Positional for speed: this is\n"
+             "the hot path; sbxlimit/_core.pyi names every argument.");
+
+static void close_all(const int *fds, size_t n)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+static PyObject *core_spawn(PyObject *self, PyObject *args)
+{
+    PyObject *exec_paths, *argv, *envp, *cwd, *keep_fds, *close_after, *groups, *rlimits;
+    PyObject *preexec_fn;
+    PyObject *cwd_bytes = NULL, *result = NULL;
+    int fd_in, fd_out, fd_err, close_fds, restore_signals, new_session, no_new_privs;
+    int pgid, umask_, pdeathsig, fail_step, fail_errno;
+    long gid, uid;
+    int *closing = NULL;
+    size_t n_closing = 0;
+    struct spec_storage st;
+    struct sbx_spec spec;
+    struct sbx_child child;
+    struct sbx_child_error cerr;
+    size_t n;
+    int rc, status = 0, saved_errno;
+
+    (void)self;
+    memset(&st, 0, sizeof st);
+    memset(&spec, 0, sizeof spec);
+    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOlliOipOii:spawn", &exec_paths, &argv, &envp,
+                          &cwd, &fd_in, &fd_out, &fd_err, &close_fds, &keep_fds, &close_after,
+                          &restore_signals, &new_session, &pgid, &groups, &gid, &uid, &umask_,
+                          &rlimits, &pdeathsig, &no_new_privs, &preexec_fn, &fail_step,
+                          &fail_errno))
+        return NULL;
+    /* Take charge of close_after first: from here on they are closed on
+     * every path. */
+    if (to_ints(close_after, "close_after must be a sequence", &closing, &n_closing) < 0) {
+        PyMem_Free(closing);
+        return NULL;
+    }
+    if (preexec_fn != Py_None && !PyCallable_Check(preexec_fn)) {
+        PyErr_SetString(PyExc_TypeError, "preexec_fn must be callable or None");
+        goto done;
+    }
+    if (fail_step < 0 || fail_step >= SBX_STEP__COUNT) {
+        PyErr_SetString(PyExc_ValueError, "fail_step out of range");
+        goto done;
+    }
+
+    st.keep = PyList_New(0);
+    if (!st.keep)
+        goto done;
+    st.exec_paths = to_cstrings(exec_paths, "exec_paths must be a sequence", &st, &n);
+    if (!st.exec_paths)
+        goto done;
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "exec_paths is empty");
+        goto done;
+    }
+    spec.exec_paths = (const char *const *)st.exec_paths;
+    spec.n_exec_paths = n;
+    st.argv = to_cstrings(argv, "argv must be a sequence", &st, NULL);
+    if (!st.argv)
+        goto done;
+    spec.argv = st.argv;
+    if (envp != Py_None) {
+        st.envp = to_cstrings(envp, "envp must be a sequence", &st, NULL);
+        if (!st.envp)
+            goto done;
+        spec.envp = st.envp;
+    }
+    if (cwd != Py_None) {
+        if (!PyUnicode_FSConverter(cwd, &cwd_bytes))
+            goto done;
+        spec.cwd = PyBytes_AS_STRING(cwd_bytes);
+    }
+    if (to_ints(keep_fds, "keep_fds must be a sequence", &st.keep_fds, &spec.n_keep_fds) < 0)
+        goto done;
+    for (n = 0; n < spec.n_keep_fds; n++) {
+        if (st.keep_fds[n] < 0 || (n > 0 && st.keep_fds[n] <= st.keep_fds[n - 1])) {
+            PyErr_SetString(PyExc_ValueError, "keep_fds must be sorted, unique, non-negative");
+            goto done;
+        }
+    }
+    spec.keep_fds = st.keep_fds;
+    if (groups != Py_None) {
+        int *tmp = NULL;
+        size_t i;
+        if (to_ints(groups, "groups must be a sequence", &tmp, &spec.n_groups) < 0) {
+            PyMem_Free(tmp);
+            goto done;
+        }
+        st.groups = PyMem_Calloc(spec.n_groups + 1, sizeof *st.groups);
+        if (!st.groups) {
+            PyMem_Free(tmp);
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (i = 0; i < spec.n_groups; i++)
+            st.groups[i] = (gid_t)tmp[i];
+        PyMem_Free(tmp);
+        spec.groups = st.groups;
+        spec.set_groups = 1;
+    }
+    if (to_rlimits(rlimits, &st, &spec.n_rlimits) < 0)
+        goto done;
+    spec.rlimits = st.rlimits;
+
+    spec.fd_stdin = fd_in;
+    spec.fd_stdout = fd_out;
+    spec.fd_stderr = fd_err;
+    spec.close_fds = close_fds;
+    spec.restore_signals = restore_signals;
+    spec.new_session = new_session;
+    spec.pgid = (pid_t)pgid;
+    spec.gid = gid;
+    spec.uid = uid;
+    spec.umask = umask_;
+    spec.pdeathsig = pdeathsig;
+    spec.parent_pid = getpid();
+    spec.no_new_privs = no_new_privs;
+    spec.fail_step = fail_step;
+    spec.fail_errno = fail_errno;
+
+    if (preexec_fn == Py_None) {
+        /* The calling thread is suspended until exec: let others run. */
+        Py_BEGIN_ALLOW_THREADS
+        rc = sbx_spawn_start(&spec, &child);
+        if (rc == 0)
+            rc = sbx_spawn_finish(&child, &cerr, &status);
+        saved_errno = errno;
+        Py_END_ALLOW_THREADS
+    } else {
+        /* Python runs in the child: fork with the GIL held, as
+         * _posixsubprocess does, and let the runtime prepare for it. */
+        spec.hook = preexec_hook;
+        spec.hook_arg = preexec_fn;
+        PyOS_BeforeFork();
+        rc = sbx_spawn_start(&spec, &child);
+        saved_errno = errno;
+        PyOS_AfterFork_Parent();
+        if (rc == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = sbx_spawn_finish(&child, &cerr, &status);
+            saved_errno = errno;
+            Py_END_ALLOW_THREADS
+        }
+    }
+    close_all(closing, n_closing);
+    n_closing = 0;
+    if (rc < 0) {
+        errno = saved_errno;
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_spawn");
+        goto done;
+    }
+    if (rc == 0)
+        result = Py_BuildValue("(iO)", (int)child.pid, Py_None);
+    else
+        result = Py_BuildValue("(i(siLi))", (int)child.pid,
+                               sbx_step_name(cerr.step) ? sbx_step_name(cerr.step) : "none",
+                               (int)cerr.err, (long long)cerr.detail, status);
+done:
+    close_all(closing, n_closing);
+    PyMem_Free(closing);
+    Py_XDECREF(cwd_bytes);
+    storage_free(&st);
+    return result;
+}
+
+PyDoc_STRVAR(tree_sample_doc,
+             "tree_sample(pid) -> (memory, tasks, procs, cpu_user, cpu_system, root_alive)\n"
+             "--\n\n"
+             "Sample the process tree rooted at pid: anonymous+shmem resident+swap\n"
+             "bytes and threads summed, processes, CPU seconds of the live processes.");
+
+static PyObject *core_tree_sample(PyObject *self, PyObject *arg)
+{
+    struct sbx_tree_sample s;
+    long pid = PyLong_AsLong(arg);
+    int rc;
+
+    (void)self;
+    if (pid == -1 && PyErr_Occurred())
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sbx_tree_sample((pid_t)pid, &s);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_tree_sample");
+    return Py_BuildValue("(KIIddO)", (unsigned long long)s.memory, (unsigned)s.tasks,
+                         (unsigned)s.procs, s.cpu_user, s.cpu_system,
+                         s.root_alive ? Py_True : Py_False);
+}
+
+PyDoc_STRVAR(tree_signal_doc, "tree_signal(pid, sig, pgid) -> int\n"
+                              "--\n\n"
+                              "Signal the tree rooted at pid and, when pgid > 0, that process\n"
+                              "group.  SIGKILL stops the tree first so a fork loop cannot\n"
+                              "outrun it.  Returns how many processes were signalled.");
+
+static PyObject *core_tree_signal(PyObject *self, PyObject *args)
+{
+    int pid, sig, pgid, rc;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iii:tree_signal", &pid, &sig, &pgid))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sbx_tree_signal((pid_t)pid, sig, (pid_t)pgid);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_tree_signal");
+    return PyLong_FromLong(rc);
+}
+
+static PyMethodDef core_methods[] = {
+    {"spawn", core_spawn, METH_VARARGS, spawn_doc},
+    {"tree_sample", core_tree_sample, METH_O, tree_sample_doc},
+    {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int core_exec(PyObject *m)
+{
+    PyObject *steps = PyTuple_New(SBX_STEP__COUNT);
+    int i;
+
+    if (!steps)
+        return -1;
+    for (i = 0; i < SBX_STEP__COUNT; i++) {
+        PyObject *name = PyUnicode_FromString(sbx_step_name(i));
+        if (!name) {
+            Py_DECREF(steps);
+            return -1;
+        }
+        PyTuple_SET_ITEM(steps, i, name);
+    }
+    if (PyModule_AddObject(m, "STEPS", steps) < 0) {
+        Py_DECREF(steps);
+        return -1;
+    }
+#if defined(__linux__) && !defined(SBX_NO_VFORK)
+    if (PyModule_AddIntConstant(m, "HAS_VFORK", 1) < 0)
+        return -1;
+#else
+    if (PyModule_AddIntConstant(m, "HAS_VFORK", 0) < 0)
+        return -1;
+#endif
+#ifdef __linux__
+    if (PyModule_AddIntConstant(m, "HAS_PROCTREE", 1) < 0)
+        return -1;
+#else
+    if (PyModule_AddIntConstant(m, "HAS_PROCTREE", 0) < 0)
+        return -1;
+#endif
+    return 0;
+}
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, core_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "sbxlimit._core",
+    .m_doc = "The C core of sbxlimit: spawn with limits, process-tree sampling and signals.",
+    .m_size = 0,
+    .m_methods = core_methods,
+    .m_slots = core_slots,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    return PyModuleDef_Init(&core_module);
+}

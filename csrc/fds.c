@@ -1,0 +1,165 @@
+/* fds.c -- file descriptors in the child: keep pass_fds, close the rest.
+ *
+ * close_range(2) closes each gap between kept fds in one call; kernels
+ * older than 5.9 get the /proc/self/fd walk CPython uses, then brute force.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "sbx_internal.h"
+
+static int is_kept(const struct sbx_child_ctx *ctx, int fd)
+{
+    size_t i;
+
+    if (fd == ctx->errfd)
+        return 1;
+    for (i = 0; i < ctx->spec->n_keep_fds; i++)
+        if (ctx->spec->keep_fds[i] == fd)
+            return 1;
+    return 0;
+}
+
+/* Smallest kept fd greater than `after`, or -1. */
+static int next_kept(const struct sbx_child_ctx *ctx, int after)
+{
+    int best = ctx->errfd > after ? ctx->errfd : -1;
+    size_t i;
+
+    for (i = 0; i < ctx->spec->n_keep_fds; i++) {
+        int fd = ctx->spec->keep_fds[i];
+        if (fd > after) {
+            if (best < 0 || fd < best)
+                best = fd;
+            break; /* sorted */
+        }
+    }
+    return best;
+}
+
+void sbx_fds_keep_child(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+    size_t i;
+
+    for (i = 0; i < s->n_keep_fds; i++) {
+        int fd = s->keep_fds[i], flags;
+
+        if (fd == ctx->errfd)
+            continue;
+        if (s->fail_step == SBX_STEP_PASS_FDS)
+            sbx_child_fail(ctx, SBX_STEP_PASS_FDS, s->fail_errno, fd);
+        flags = fcntl(fd, F_GETFD);
+        if (flags < 0 || ((flags & FD_CLOEXEC) && fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC) < 0))
+            sbx_child_fail(ctx, SBX_STEP_PASS_FDS, errno, fd);
+    }
+}
+
+#if defined(__linux__) && defined(SYS_getdents64)
+struct linux_dirent64 {
+    unsigned long long d_ino;
+    long long d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+/* Close every unkept fd >= 3 listed in /proc/self/fd; 0 on success. */
+static int close_by_proc_child(const struct sbx_child_ctx *ctx)
+{
+    char buf[1024] __attribute__((aligned(8)));
+    int dirfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    long n;
+
+    if (dirfd < 0)
+        return -1;
+    while ((n = syscall(SYS_getdents64, dirfd, buf, sizeof buf)) > 0) {
+        long off = 0;
+        while (off < n) {
+            struct linux_dirent64 *d = (struct linux_dirent64 *)(buf + off);
+            const char *p = d->d_name;
+            int fd = 0;
+
+            off += d->d_reclen;
+            if (*p < '0' || *p > '9')
+                continue;
+            for (; *p >= '0' && *p <= '9'; p++)
+                fd = fd * 10 + (*p - '0');
+            if (fd >= 3 && fd != dirfd && !is_kept(ctx, fd))
+                close(fd);
+        }
+    }
+    close(dirfd);
+    return n < 0 ? -1 : 0;
+}
+#endif
+
+static void close_gap_child(const struct sbx_child_ctx *ctx, unsigned lo, unsigned hi,
+                            int *use_close_range)
+{
+#ifdef SYS_close_range
+    if (*use_close_range) {
+        if (syscall(SYS_close_range, lo, hi, 0) == 0)
+            return;
+        if (errno != ENOSYS && errno != EINVAL)
+            sbx_child_fail(ctx, SBX_STEP_CLOSE_FDS, errno, lo);
+        *use_close_range = 0;
+    }
+#endif
+    (void)ctx;
+    (void)use_close_range;
+    {
+        struct rlimit rl;
+        unsigned fd, top = 65536;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+            rl.rlim_cur < top)
+            top = (unsigned)rl.rlim_cur;
+        for (fd = lo; fd <= hi && fd < top; fd++)
+            close((int)fd);
+    }
+}
+
+void sbx_fds_close_child(const struct sbx_child_ctx *ctx)
+{
+    int use_close_range = 1;
+    int lo = 3, kept;
+
+    if (!ctx->spec->close_fds)
+        return;
+    if (ctx->spec->fail_step == SBX_STEP_CLOSE_FDS)
+        sbx_child_fail(ctx, SBX_STEP_CLOSE_FDS, ctx->spec->fail_errno, 3);
+    while ((kept = next_kept(ctx, lo - 1)) >= 0) {
+        if (kept > lo) {
+            close_gap_child(ctx, (unsigned)lo, (unsigned)kept - 1, &use_close_range);
+            if (!use_close_range)
+                break;
+        }
+        lo = kept + 1;
+    }
+    if (use_close_range) {
+        close_gap_child(ctx, (unsigned)lo, UINT_MAX, &use_close_range);
+        if (use_close_range)
+            return;
+    }
+#if defined(__linux__) && defined(SYS_getdents64)
+    if (close_by_proc_child(ctx) == 0)
+        return;
+#endif
+    /* Last resort: brute force every gap. */
+    lo = 3;
+    while ((kept = next_kept(ctx, lo - 1)) >= 0) {
+        if (kept > lo)
+            close_gap_child(ctx, (unsigned)lo, (unsigned)kept - 1, &use_close_range);
+        lo = kept + 1;
+    }
+    close_gap_child(ctx, (unsigned)lo, UINT_MAX, &use_close_range);
+}

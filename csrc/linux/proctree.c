@@ -1,0 +1,366 @@
+/* linux/proctree.c -- a sandbox's process tree, read from /proc.
+ *
+ * Used where no cgroup holds the tree: the memory/pids watchdog samples it,
+ * and tree kills signal it.  Descendants are found through
+ * /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN), which costs in
+ * proportion to the tree, not to the host.  A process that double-forks
+ * and calls setsid() leaves the tree and the process group: only a cgroup
+ * can follow it (docs/SECURITY.md).
+ *
+ * Parent side only: malloc and stdio-free file reads are fine here.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "../sbx.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
+
+#define TREE_MAX 65536      /* processes followed per call */
+#define KILL_ROUNDS 64      /* stop-and-rewalk rounds for SIGKILL */
+
+struct pidvec {
+    pid_t *pid;
+    int *fd; /* pidfds, or NULL when not collected */
+    size_t n, cap;
+};
+
+static int vec_has(const struct pidvec *v, pid_t pid)
+{
+    size_t i;
+
+    for (i = 0; i < v->n; i++)
+        if (v->pid[i] == pid)
+            return 1;
+    return 0;
+}
+
+static int vec_push(struct pidvec *v, pid_t pid, int fd, int want_fds)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        pid_t *p;
+
+        if (cap > TREE_MAX)
+            cap = TREE_MAX;
+        if (v->n == cap) {
+            errno = E2BIG;
+            return -1;
+        }
+        p = realloc(v->pid, cap * sizeof *p);
+        if (!p)
+            return -1;
+        v->pid = p;
+        if (want_fds) {
+            int *f = realloc(v->fd, cap * sizeof *f);
+            if (!f)
+                return -1;
+            v->fd = f;
+        }
+        v->cap = cap;
+    }
+    v->pid[v->n] = pid;
+    if (want_fds)
+        v->fd[v->n] = fd;
+    v->n++;
+    return 0;
+}
+
+static void vec_free(struct pidvec *v)
+{
+    size_t i;
+
+    if (v->fd)
+        for (i = 0; i < v->n; i++)
+            if (v->fd[i] >= 0)
+                close(v->fd[i]);
+    free(v->pid);
+    free(v->fd);
+    memset(v, 0, sizeof *v);
+}
+
+/* Read a small /proc file; returns bytes read (NUL-terminated) or -1. */
+static ssize_t read_small(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n, got = 0;
+
+    if (fd < 0)
+        return -1;
+    while ((size_t)got < size - 1) {
+        n = read(fd, buf + got, size - 1 - (size_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += n;
+    }
+    close(fd);
+    buf[got] = '\0';
+    return got;
+}
+
+/* Call fn(arg, child) for each pid listed in a children file.  The file
+ * can be long (a fork loop), so it is parsed in chunks. */
+static int for_each_child(const char *path, int (*fn)(void *, pid_t), void *arg)
+{
+    char buf[4096];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    long cur = -1;
+    ssize_t n;
+
+    if (fd < 0)
+        return -1;
+    for (;;) {
+        ssize_t i;
+
+        n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        for (i = 0; i < n; i++) {
+            char c = buf[i];
+            if (c >= '0' && c <= '9') {
+                cur = (cur < 0 ? 0 : cur * 10) + (c - '0');
+            } else if (cur >= 0) {
+                if (fn(arg, (pid_t)cur) < 0) {
+                    close(fd);
+                    return -1;
+                }
+                cur = -1;
+            }
+        }
+    }
+    close(fd);
+    if (cur >= 0 && fn(arg, (pid_t)cur) < 0)
+        return -1;
+    return 0;
+}
+
+/* Call fn for every child of every thread of pid. */
+static int for_each_child_of(pid_t pid, int single_thread, int (*fn)(void *, pid_t), void *arg)
+{
+    char path[64];
+    DIR *d;
+    struct dirent *e;
+
+    if (single_thread) {
+        snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+        return for_each_child(path, fn, arg);
+    }
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    d = opendir(path);
+    if (!d)
+        return -1;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/task/%ld/children", (int)pid,
+                 strtol(e->d_name, NULL, 10));
+        if (for_each_child(path, fn, arg) < 0 && errno != ENOENT && errno != ESRCH) {
+            closedir(d);
+            return -1;
+        }
+    }
+    closedir(d);
+    return 0;
+}
+
+static unsigned long long status_kb(const char *status, const char *key)
+{
+    const char *p = strstr(status, key);
+
+    return p ? strtoull(p + strlen(key), NULL, 10) : 0;
+}
+
+/* ---- sampling ---------------------------------------------------------- */
+
+struct sample_walk {
+    struct pidvec v;
+};
+
+static int sample_push(void *arg, pid_t child)
+{
+    struct sample_walk *w = arg;
+
+    if (vec_has(&w->v, child))
+        return 0;
+    return vec_push(&w->v, child, -1, 0);
+}
+
+int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
+{
+    static long ticks;
+    struct sample_walk w;
+    size_t i;
+    char path[64], buf[4096];
+
+    if (!ticks)
+        ticks = sysconf(_SC_CLK_TCK);
+    memset(out, 0, sizeof *out);
+    memset(&w, 0, sizeof w);
+    if (vec_push(&w.v, root, -1, 0) < 0)
+        return -1;
+    for (i = 0; i < w.v.n; i++) {
+        pid_t pid = w.v.pid[i];
+        const char *st, *rp;
+        unsigned long long threads;
+
+        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+        if (read_small(path, buf, sizeof buf) < 0)
+            continue; /* gone */
+        st = strstr(buf, "\nState:");
+        if (st) {
+            st += 7 + strspn(st + 7, " \t");
+            if (*st == 'Z' || *st == 'X')
+                continue; /* zombie: no memory, no children left */
+        }
+        if (i == 0)
+            out->root_alive = 1;
+        threads = status_kb(buf, "\nThreads:");
+        out->procs++;
+        out->tasks += (uint32_t)(threads ? threads : 1);
+        out->memory += 1024ULL * (status_kb(buf, "\nRssAnon:") + status_kb(buf, "\nRssShmem:") +
+                                  status_kb(buf, "\nVmSwap:"));
+
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        if (read_small(path, buf, sizeof buf) > 0 && (rp = strrchr(buf, ')')) != NULL) {
+            unsigned long long ut = 0, stt = 0;
+            /* after ")": state(3) ppid pgrp session tty tpgid flags minflt
+             * cminflt majflt cmajflt utime(14) stime(15) */
+            if (sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                       &stt) == 2 &&
+                ticks > 0) {
+                out->cpu_user += (double)ut / (double)ticks;
+                out->cpu_system += (double)stt / (double)ticks;
+            }
+        }
+        if (for_each_child_of(pid, threads <= 1, sample_push, &w) < 0 && errno == E2BIG)
+            break;
+    }
+    vec_free(&w.v);
+    return 0;
+}
+
+/* ---- signalling -------------------------------------------------------- */
+
+static int pidfd_open_(pid_t pid)
+{
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
+static int pidfd_signal(int fd, pid_t pid, int sig)
+{
+    if (fd >= 0)
+        return (int)syscall(SYS_pidfd_send_signal, fd, sig, NULL, 0);
+    return kill(pid, sig);
+}
+
+static pid_t ppid_of(pid_t pid)
+{
+    char path[64], buf[512];
+    const char *rp;
+    int ppid;
+
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (read_small(path, buf, sizeof buf) <= 0 || !(rp = strrchr(buf, ')')))
+        return -1;
+    if (sscanf(rp + 2, "%*c %d", &ppid) != 1)
+        return -1;
+    return (pid_t)ppid;
+}
+
+struct kill_walk {
+    struct pidvec v;
+    pid_t parent;
+    int added;
+};
+
+/* A pid read from a children file may die and be reused before we act on
+ * it; pin it with a pidfd, then check it is still the child we saw. */
+static int kill_push(void *arg, pid_t child)
+{
+    struct kill_walk *w = arg;
+    int fd;
+
+    if (vec_has(&w->v, child))
+        return 0;
+    fd = pidfd_open_(child);
+    if (fd < 0 && errno != ENOSYS)
+        return 0; /* already gone */
+    if (ppid_of(child) != w->parent) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    if (vec_push(&w->v, child, fd, 1) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    w->added++;
+    return 0;
+}
+
+/* Walk from every known process and add the new children. */
+static int kill_collect(struct kill_walk *w)
+{
+    size_t i;
+
+    w->added = 0;
+    for (i = 0; i < w->v.n; i++) {
+        w->parent = w->v.pid[i];
+        if (for_each_child_of(w->v.pid[i], 0, kill_push, w) < 0 && errno == E2BIG)
+            return -1;
+    }
+    return w->added;
+}
+
+int sbx_tree_signal(pid_t root, int sig, pid_t pgid)
+{
+    struct kill_walk w;
+    size_t i;
+    int round, count = 0;
+
+    memset(&w, 0, sizeof w);
+    if (vec_push(&w.v, root, pidfd_open_(root), 1) < 0)
+        return -1;
+    kill_collect(&w);
+    if (sig == SIGKILL) {
+        /* Freeze what we know, then look again: a process forked between
+         * the walk and the stop is found by the next walk. */
+        for (round = 0; round < KILL_ROUNDS; round++) {
+            for (i = 0; i < w.v.n; i++)
+                pidfd_signal(w.v.fd[i], w.v.pid[i], SIGSTOP);
+            if (pgid > 0)
+                kill(-pgid, SIGSTOP);
+            if (kill_collect(&w) <= 0)
+                break;
+        }
+    }
+    if (pgid > 0 && kill(-pgid, sig) == 0)
+        count++;
+    for (i = 0; i < w.v.n; i++)
+        if (pidfd_signal(w.v.fd[i], w.v.pid[i], sig) == 0)
+            count++;
+    if (sig == SIGKILL && pgid > 0)
+        kill(-pgid, SIGKILL);
+    vec_free(&w.v);
+    return count;
+}

@@ -1,0 +1,23 @@
+/* proctree_none.c -- platforms without a process-tree backend yet.
+ * Callers fall back to signalling the process group. */
+#include <errno.h>
+#include <string.h>
+
+#include "sbx.h"
+
+int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
+{
+    (void)root;
+    memset(out, 0, sizeof *out);
+    errno = ENOSYS;
+    return -1;
+}
+
+int sbx_tree_signal(pid_t root, int sig, pid_t pgid)
+{
+    (void)root;
+    (void)sig;
+    (void)pgid;
+    errno = ENOSYS;
+    return -1;
+}

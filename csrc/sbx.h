@@ -1,0 +1,159 @@
+/* sbx.h -- the C API of sbxlimit's core.
+ *
+ * The parent prepares a struct sbx_spec (every string, array and fd the child
+ * needs), then sbx_spawn_start() creates the child and sbx_spawn_finish()
+ * learns whether it reached execve.  The child runs one flat,
+ * async-signal-safe sequence of steps; the first step that fails sends one
+ * fixed-size struct sbx_child_error over a close-on-exec pipe and _exit(127)s.
+ * EOF on that pipe means execve succeeded.
+ *
+ * No Python here: this header and every file but _coremodule.c are plain C11.
+ */
+#ifndef SBX_H
+#define SBX_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Steps of the child sequence, in the order they run.  The numbers travel
+ * in the error record; the names (sbx_step_name) are the stable public form.
+ * Append new steps before SBX_STEP__COUNT only in a way that keeps names. */
+enum sbx_step {
+    SBX_STEP_NONE = 0,
+    SBX_STEP_SIGNALS_RESET, /* "signals:reset" */
+    SBX_STEP_STDIO,         /* "stdio:dup2", detail = target fd */
+    SBX_STEP_SETSID,        /* "session:setsid" */
+    SBX_STEP_SETPGID,       /* "session:setpgid", detail = pgid */
+    SBX_STEP_PDEATHSIG,     /* "pdeathsig" */
+    SBX_STEP_RLIMIT_CORE,   /* "rlimit:RLIMIT_CORE", detail = soft value */
+    SBX_STEP_RLIMIT_CPU,
+    SBX_STEP_RLIMIT_FSIZE,
+    SBX_STEP_RLIMIT_DATA,
+    SBX_STEP_RLIMIT_AS,
+    SBX_STEP_RLIMIT_NOFILE,
+    SBX_STEP_RLIMIT_NPROC,
+    SBX_STEP_RLIMIT_STACK,
+    SBX_STEP_CHDIR,        /* "chdir" */
+    SBX_STEP_UMASK,        /* "umask" (cannot fail; here for the test switch) */
+    SBX_STEP_SETGROUPS,    /* "setgroups" */
+    SBX_STEP_SETGID,       /* "setgid", detail = gid */
+    SBX_STEP_SETUID,       /* "setuid", detail = uid */
+    SBX_STEP_NO_NEW_PRIVS, /* "harden:no_new_privs" */
+    SBX_STEP_PREEXEC,      /* "preexec_fn" */
+    SBX_STEP_PASS_FDS,     /* "pass_fds", detail = fd */
+    SBX_STEP_CLOSE_FDS,    /* "close_fds" */
+    SBX_STEP_SIGMASK,      /* "signals:mask" */
+    SBX_STEP_EXEC,         /* "exec" */
+    SBX_STEP__COUNT
+};
+
+/* Stable name of a step ("rlimit:RLIMIT_CPU"), or NULL if out of range. */
+const char *sbx_step_name(int step);
+
+/* The step that sets rlimit `resource` (an RLIMIT_* constant), or
+ * SBX_STEP_NONE when the core does not handle that resource. */
+int sbx_rlimit_step(int resource);
+
+/* The record a failing child writes.  Fixed size, well under PIPE_BUF, so a
+ * single write() is atomic. */
+struct sbx_child_error {
+    int32_t step;   /* enum sbx_step */
+    int32_t err;    /* errno at the failing call (0 for preexec_fn) */
+    int64_t detail; /* step-specific: fd, id, limit ... */
+};
+
+/* One resource limit to set in the child.  RLIM_INFINITY is SBX_RLIM_INF. */
+#define SBX_RLIM_INF UINT64_MAX
+struct sbx_rlimit {
+    int resource; /* RLIMIT_* constant of this platform */
+    uint64_t soft, hard;
+};
+
+/* Called in a fork()ed (never vfork()ed) child at the preexec_fn step; it
+ * returns 0 to go on, anything else to fail the step. */
+typedef int (*sbx_child_hook)(void *arg);
+
+struct sbx_spec {
+    /* execve candidates tried in order, as os.execvpe does; PATH lookup is
+     * done by the parent, so this is normally a single resolved path. */
+    const char *const *exec_paths;
+    size_t n_exec_paths;
+    char *const *argv;
+    char *const *envp; /* NULL: the parent's environ */
+    const char *cwd;   /* NULL: unchanged */
+
+    int fd_stdin, fd_stdout, fd_stderr; /* -1: inherit the parent's */
+    int close_fds;
+    const int *keep_fds; /* sorted ascending; made inheritable */
+    size_t n_keep_fds;
+    int restore_signals; /* SIGPIPE, SIGXFSZ back to SIG_DFL */
+
+    int new_session; /* setsid() */
+    pid_t pgid;      /* -1: unchanged, 0: lead a new group, >0: join it */
+
+    int set_groups; /* setgroups(groups) when non-zero */
+    const gid_t *groups;
+    size_t n_groups;
+    long gid;  /* -1: unchanged */
+    long uid;  /* -1: unchanged */
+    int umask; /* -1: unchanged */
+
+    const struct sbx_rlimit *rlimits;
+    size_t n_rlimits;
+
+    int pdeathsig;    /* 0: none */
+    pid_t parent_pid; /* checked after PR_SET_PDEATHSIG */
+    int no_new_privs;
+
+    sbx_child_hook hook; /* non-NULL forces fork() instead of vfork() */
+    void *hook_arg;
+
+    /* Testing switch: make step fail_step fail with fail_errno when it runs
+     * (SBX_STEP_NONE: off).  Proves every step's error reaches the caller. */
+    int fail_step;
+    int fail_errno;
+};
+
+/* A started child: the pid and the read end of its error pipe. */
+struct sbx_child {
+    pid_t pid;
+    int errpipe;
+    int used_vfork;
+};
+
+/* Create the child.  With spec->hook == NULL (and a build that allows it)
+ * the child shares the parent's memory until execve (CLONE_VM|CLONE_VFORK),
+ * so the caller's thread is suspended until then and the spawn cost does not
+ * grow with the parent's size.  Returns 0, or -1 with errno set when no child
+ * was created. */
+int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child);
+
+/* Wait for execve (EOF on the error pipe) or for the child's error record.
+ * Returns 0 when the target is running, 1 when the child failed (err filled,
+ * the child reaped and its wait status in *status), -1 with errno on a
+ * parent-side failure.  Closes the error pipe in every case. */
+int sbx_spawn_finish(struct sbx_child *child, struct sbx_child_error *err, int *status);
+
+/* ---- process trees (platform code: linux/proctree.c) ------------------ */
+
+struct sbx_tree_sample {
+    uint64_t memory; /* bytes: anonymous + shmem resident + swap, summed */
+    uint32_t tasks;  /* threads, summed */
+    uint32_t procs;  /* processes (root included while it is alive) */
+    double cpu_user; /* seconds, live processes of the tree */
+    double cpu_system;
+    int root_alive; /* 0 once the root is a zombie or gone */
+};
+
+/* Sample the tree rooted at pid (the root and its descendants).
+ * Returns 0, or -1 with errno (ENOSYS where the platform has no way). */
+int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out);
+
+/* Send sig to the root, every descendant, and (pgid > 0) the process group.
+ * For SIGKILL the tree is stopped first and re-walked until no new process
+ * appears, so a fork loop cannot outrun it.  Returns the number of
+ * processes signalled, or -1 with errno. */
+int sbx_tree_signal(pid_t root, int sig, pid_t pgid);
+
+#endif /* SBX_H */

@@ -1,0 +1,466 @@
+/* spawn.c -- create the child, run its setup sequence, exec the target.
+ *
+ * Shape taken from CPython's _posixsubprocess.c: everything is prepared in
+ * the parent; the child only makes system calls, one step a line, and
+ * reports the first failure as a fixed-size record on a close-on-exec pipe.
+ *
+ * Without a preexec hook the child is created with CLONE_VM|CLONE_VFORK on a
+ * stack of its own: no page tables are copied, so spawning costs the same
+ * from a 10 MiB parent as from a 10 GiB one.  The child then shares the
+ * parent's memory until execve and must not write anything the parent
+ * reads, call malloc, take locks, or run signal handlers: all signals are
+ * blocked across the clone and handlers are reset to SIG_DFL in the child
+ * before its mask is restored.  Credentials are changed with raw system
+ * calls, because glibc's set*id() wrappers signal every thread of the
+ * parent's thread list.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifdef __linux__
+#include <pthread.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#endif
+
+#include "sbx_internal.h"
+
+extern char **environ;
+
+/* Sanitizer runtimes do not follow a CLONE_VM child; those builds fork. */
+#if !defined(__linux__) || defined(SBX_NO_VFORK)
+#define SBX_USE_VFORK 0
+#else
+#define SBX_USE_VFORK 1
+#endif
+
+#define SBX_CHILD_STACK (64 * 1024)
+
+static const char *const step_names[SBX_STEP__COUNT] = {
+    [SBX_STEP_NONE] = "none",
+    [SBX_STEP_SIGNALS_RESET] = "signals:reset",
+    [SBX_STEP_STDIO] = "stdio:dup2",
+    [SBX_STEP_SETSID] = "session:setsid",
+    [SBX_STEP_SETPGID] = "session:setpgid",
+    [SBX_STEP_PDEATHSIG] = "pdeathsig",
+    [SBX_STEP_RLIMIT_CORE] = "rlimit:RLIMIT_CORE",
+    [SBX_STEP_RLIMIT_CPU] = "rlimit:RLIMIT_CPU",
+    [SBX_STEP_RLIMIT_FSIZE] = "rlimit:RLIMIT_FSIZE",
+    [SBX_STEP_RLIMIT_DATA] = "rlimit:RLIMIT_DATA",
+    [SBX_STEP_RLIMIT_AS] = "rlimit:RLIMIT_AS",
+    [SBX_STEP_RLIMIT_NOFILE] = "rlimit:RLIMIT_NOFILE",
+    [SBX_STEP_RLIMIT_NPROC] = "rlimit:RLIMIT_NPROC",
+    [SBX_STEP_RLIMIT_STACK] = "rlimit:RLIMIT_STACK",
+    [SBX_STEP_CHDIR] = "chdir",
+    [SBX_STEP_UMASK] = "umask",
+    [SBX_STEP_SETGROUPS] = "setgroups",
+    [SBX_STEP_SETGID] = "setgid",
+    [SBX_STEP_SETUID] = "setuid",
+    [SBX_STEP_NO_NEW_PRIVS] = "harden:no_new_privs",
+    [SBX_STEP_PREEXEC] = "preexec_fn",
+    [SBX_STEP_PASS_FDS] = "pass_fds",
+    [SBX_STEP_CLOSE_FDS] = "close_fds",
+    [SBX_STEP_SIGMASK] = "signals:mask",
+    [SBX_STEP_EXEC] = "exec",
+};
+
+const char *sbx_step_name(int step)
+{
+    if (step < 0 || step >= SBX_STEP__COUNT)
+        return NULL;
+    return step_names[step];
+}
+
+/* ---- child side: everything below up to sbx_spawn_start runs between
+ * fork and exec and is async-signal-safe. -------------------------------- */
+
+_Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err,
+                              int64_t detail)
+{
+    struct sbx_child_error rec;
+    ssize_t n;
+
+    rec.step = step;
+    rec.err = err;
+    rec.detail = detail;
+    do {
+        n = write(ctx->errfd, &rec, sizeof rec);
+    } while (n < 0 && errno == EINTR);
+    _exit(127);
+}
+
+/* Handlers of a CLONE_VM child would run on the parent's memory: put every
+ * caught signal back to SIG_DFL before the mask is lifted.  Ignored signals
+ * stay ignored, as execve would keep them. */
+static void reset_handlers_child(const struct sbx_child_ctx *ctx)
+{
+    struct sigaction dfl;
+    int sig;
+
+    if (ctx->spec->fail_step == SBX_STEP_SIGNALS_RESET)
+        sbx_child_fail(ctx, SBX_STEP_SIGNALS_RESET, ctx->spec->fail_errno, 0);
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (sig = 1; sig < NSIG; sig++) {
+        struct sigaction cur;
+        void *h;
+
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        /* libc refuses its internal signals with EINVAL: nothing to do. */
+        if (sigaction(sig, NULL, &cur) < 0)
+            continue;
+        h = (cur.sa_flags & SA_SIGINFO) ? (void *)cur.sa_sigaction
+                                        : (void *)cur.sa_handler;
+        if (h == (void *)SIG_IGN || h == (void *)SIG_DFL)
+            continue;
+        (void)sigaction(sig, &dfl, NULL);
+    }
+}
+
+static int restore_signals_child(void)
+{
+    /* Python ignores these; a program expects the default. */
+    if (signal(SIGPIPE, SIG_DFL) == SIG_ERR)
+        return -1;
+#ifdef SIGXFSZ
+    if (signal(SIGXFSZ, SIG_DFL) == SIG_ERR)
+        return -1;
+#endif
+    return 0;
+}
+
+/* dup2 src onto target; when they are equal dup2 is a no-op that would
+ * leave close-on-exec set, so clear the flag instead. */
+static int dup_onto_child(int src, int target)
+{
+    if (src == target) {
+        int flags = fcntl(src, F_GETFD);
+        if (flags < 0)
+            return -1;
+        return fcntl(src, F_SETFD, flags & ~FD_CLOEXEC);
+    }
+    return dup2(src, target);
+}
+
+static void stdio_child(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+    int in = s->fd_stdin, out = s->fd_stdout, err = s->fd_stderr;
+
+    /* A source fd among 0..2 could be overwritten by an earlier dup2
+     * (bpo-12607): move such sources above 2 first. */
+    if (out == 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_STDIO, 1, out = fcntl(out, F_DUPFD_CLOEXEC, 3));
+    if (err == 0 || err == 1)
+        SBX_CHILD_STEP(ctx, SBX_STEP_STDIO, 2, err = fcntl(err, F_DUPFD_CLOEXEC, 3));
+
+    if (in >= 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_STDIO, 0, dup_onto_child(in, 0));
+    if (out >= 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_STDIO, 1, dup_onto_child(out, 1));
+    if (err >= 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_STDIO, 2, dup_onto_child(err, 2));
+}
+
+static int set_pdeathsig_child(const struct sbx_child_ctx *ctx)
+{
+#ifdef __linux__
+    if (prctl(PR_SET_PDEATHSIG, ctx->spec->pdeathsig, 0, 0, 0) < 0)
+        return -1;
+    /* The parent may have died before the prctl: nobody would signal us. */
+    if (getppid() != ctx->spec->parent_pid)
+        _exit(127);
+    return 0;
+#else
+    (void)ctx;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* Raw system calls: glibc's wrappers would broadcast to the parent's
+ * threads (see the header comment). */
+static int setgroups_child(const struct sbx_spec *s)
+{
+#ifdef __linux__
+    return (int)syscall(SYS_setgroups, s->n_groups, s->groups);
+#else
+    return setgroups((int)s->n_groups, s->groups);
+#endif
+}
+
+static int setgid_child(long gid)
+{
+#ifdef __linux__
+    return (int)syscall(SYS_setregid, (gid_t)gid, (gid_t)gid);
+#else
+    return setregid((gid_t)gid, (gid_t)gid);
+#endif
+}
+
+static int setuid_child(long uid)
+{
+#ifdef __linux__
+    return (int)syscall(SYS_setreuid, (uid_t)uid, (uid_t)uid);
+#else
+    return setreuid((uid_t)uid, (uid_t)uid);
+#endif
+}
+
+static int no_new_privs_child(void)
+{
+#ifdef __linux__
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+#else
+    return 0;
+#endif
+}
+
+static _Noreturn void exec_child(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+    char *const *envp = s->envp ? s->envp : environ;
+    int saved = 0;
+    size_t i;
+
+    if (s->fail_step == SBX_STEP_EXEC)
+        sbx_child_fail(ctx, SBX_STEP_EXEC, s->fail_errno, 0);
+    /* The same rule as os.execvpe: go on past "not here", remember the
+     * first real error (EACCES, ENOEXEC...). */
+    for (i = 0; i < s->n_exec_paths; i++) {
+        execve(s->exec_paths[i], s->argv, envp);
+        if (errno != ENOENT && errno != ENOTDIR && saved == 0)
+            saved = errno;
+    }
+    sbx_child_fail(ctx, SBX_STEP_EXEC, saved ? saved : errno, 0);
+}
+
+/* The child sequence: one flat list, one step a line. */
+static _Noreturn void child_main(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+
+    if (ctx->vforked)
+        reset_handlers_child(ctx);
+    if (s->restore_signals)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SIGNALS_RESET, 0, restore_signals_child());
+    stdio_child(ctx);
+    if (s->new_session)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SETSID, 0, setsid());
+    if (s->pgid >= 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SETPGID, s->pgid, setpgid(0, s->pgid));
+    if (s->pdeathsig > 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_PDEATHSIG, s->pdeathsig, set_pdeathsig_child(ctx));
+    sbx_rlimit_apply_child(ctx);
+    if (s->cwd)
+        SBX_CHILD_STEP(ctx, SBX_STEP_CHDIR, 0, chdir(s->cwd));
+    if (s->umask >= 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_UMASK, s->umask, (umask((mode_t)s->umask), 0));
+    if (s->set_groups)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SETGROUPS, (int64_t)s->n_groups, setgroups_child(s));
+    if (s->gid >= 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SETGID, s->gid, setgid_child(s->gid));
+    if (s->uid >= 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SETUID, s->uid, setuid_child(s->uid));
+    if (s->no_new_privs)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NO_NEW_PRIVS, 0, no_new_privs_child());
+    if (s->hook)
+        SBX_CHILD_STEP(ctx, SBX_STEP_PREEXEC, 0, (s->hook(s->hook_arg) == 0 ? 0 : (errno = 0, -1)));
+    sbx_fds_keep_child(ctx);
+    sbx_fds_close_child(ctx);
+    if (ctx->vforked)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SIGMASK, 0,
+                       sigprocmask(SIG_SETMASK, &ctx->saved_mask, NULL));
+    exec_child(ctx);
+}
+
+#if SBX_USE_VFORK
+static int child_entry(void *arg)
+{
+    child_main((const struct sbx_child_ctx *)arg);
+}
+
+/* One child stack per spawning thread, kept for the thread's life: a
+ * CLONE_VFORK child is done with it when clone() returns, and mapping and
+ * unmapping it on every spawn costs a TLB shootdown in a threaded parent. */
+static pthread_key_t stack_key;
+static pthread_once_t stack_once = PTHREAD_ONCE_INIT;
+static int stack_key_ok;
+
+static void stack_release(void *stack)
+{
+    munmap(stack, SBX_CHILD_STACK);
+}
+
+static void stack_key_init(void)
+{
+    stack_key_ok = pthread_key_create(&stack_key, stack_release) == 0;
+}
+
+static void *child_stack(void)
+{
+    void *stack;
+
+    pthread_once(&stack_once, stack_key_init);
+    if (stack_key_ok && (stack = pthread_getspecific(stack_key)) != NULL)
+        return stack;
+    stack = mmap(NULL, SBX_CHILD_STACK, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED)
+        return NULL;
+    if (!stack_key_ok || pthread_setspecific(stack_key, stack) != 0) {
+        /* Cannot cache it: the caller unmaps it after use. */
+        return stack;
+    }
+    return stack;
+}
+
+static int stack_cached(void *stack)
+{
+    return stack_key_ok && pthread_getspecific(stack_key) == stack;
+}
+#endif
+
+/* ---- parent side ------------------------------------------------------ */
+
+/* The error pipe's write end must survive the stdio dup2s: keep it >= 3. */
+static int errpipe_open(int fds[2])
+{
+    if (pipe2(fds, O_CLOEXEC) < 0)
+        return -1;
+    if (fds[1] < 3) {
+        int moved = fcntl(fds[1], F_DUPFD_CLOEXEC, 3);
+        int saved = errno;
+
+        close(fds[1]);
+        if (moved < 0) {
+            close(fds[0]);
+            errno = saved;
+            return -1;
+        }
+        fds[1] = moved;
+    }
+    return 0;
+}
+
+int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
+{
+    struct sbx_child_ctx ctx;
+    int pipefd[2];
+    pid_t pid;
+    int saved_errno = 0;
+
+    if (errpipe_open(pipefd) < 0)
+        return -1;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.spec = spec;
+    ctx.errfd = pipefd[1];
+    ctx.vforked = SBX_USE_VFORK && spec->hook == NULL;
+
+#if SBX_USE_VFORK
+    if (ctx.vforked) {
+        sigset_t all;
+        void *stack;
+        int rc;
+
+        stack = child_stack();
+        if (stack == NULL) {
+            saved_errno = errno;
+            close(pipefd[0]);
+            close(pipefd[1]);
+            errno = saved_errno;
+            return -1;
+        }
+        sigfillset(&all);
+        rc = pthread_sigmask(SIG_BLOCK, &all, &ctx.saved_mask);
+        if (rc != 0) {
+            if (!stack_cached(stack))
+                munmap(stack, SBX_CHILD_STACK);
+            close(pipefd[0]);
+            close(pipefd[1]);
+            errno = rc;
+            return -1;
+        }
+        /* Stacks grow down on every architecture Linux runs us on. */
+        pid = clone(child_entry, (char *)stack + SBX_CHILD_STACK,
+                    CLONE_VM | CLONE_VFORK | SIGCHLD, &ctx);
+        saved_errno = errno;
+        (void)pthread_sigmask(SIG_SETMASK, &ctx.saved_mask, NULL);
+        if (!stack_cached(stack))
+            munmap(stack, SBX_CHILD_STACK);
+    } else
+#endif
+    {
+        pid = fork();
+        saved_errno = errno;
+        if (pid == 0)
+            child_main(&ctx);
+    }
+
+    close(pipefd[1]);
+    if (pid < 0) {
+        close(pipefd[0]);
+        errno = saved_errno;
+        return -1;
+    }
+    child->pid = pid;
+    child->errpipe = pipefd[0];
+    child->used_vfork = ctx.vforked;
+    return 0;
+}
+
+int sbx_spawn_finish(struct sbx_child *child, struct sbx_child_error *err, int *status)
+{
+    char *buf = (char *)err;
+    size_t got = 0;
+    pid_t r;
+
+    memset(err, 0, sizeof *err);
+    while (got < sizeof *err) {
+        ssize_t n = read(child->errpipe, buf + got, sizeof *err - got);
+        if (n < 0) {
+            int saved = errno;
+            if (saved == EINTR)
+                continue;
+            /* We cannot tell whether exec happened: do not leave a child
+             * running that nobody knows about. */
+            close(child->errpipe);
+            child->errpipe = -1;
+            kill(child->pid, SIGKILL);
+            do {
+                r = waitpid(child->pid, status, 0);
+            } while (r < 0 && errno == EINTR);
+            errno = saved;
+            return -1;
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    close(child->errpipe);
+    child->errpipe = -1;
+    if (got == 0)
+        return 0;
+    if (got != sizeof *err) {
+        err->step = SBX_STEP_NONE;
+        err->err = EIO;
+        err->detail = (int64_t)got;
+    }
+    do {
+        r = waitpid(child->pid, status, 0);
+    } while (r < 0 && errno == EINTR);
+    return 1;
+}

@@ -1,0 +1,43 @@
+"""Declares the C extension only; metadata lives in pyproject.toml.
+
+Build switches (environment variables):
+  SBXLIMIT_DEBUG=1     -O0 -g -fsanitize=address,undefined; the child is fork()ed
+                       instead of vfork()ed, since sanitizers cannot follow
+                       a CLONE_VM child.  Run with
+                       LD_PRELOAD="$(gcc -print-file-name=libasan.so)".
+  SBXLIMIT_NO_WERROR=1 do not turn warnings into errors (for unknown compilers).
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+
+SOURCES = ["csrc/_coremodule.c", "csrc/spawn.c", "csrc/rlimit.c", "csrc/fds.c"]
+if sys.platform.startswith("linux"):
+    SOURCES.append("csrc/linux/proctree.c")
+else:
+    SOURCES.append("csrc/proctree_none.c")
+
+compile_args = ["-std=c11", "-Wall", "-Wextra", "-Wshadow", "-Wformat=2"]
+link_args: list[str] = []
+macros = [("_GNU_SOURCE", None)]
+if not os.environ.get("SBXLIMIT_NO_WERROR"):
+    compile_args.append("-Werror")
+if os.environ.get("SBXLIMIT_DEBUG"):
+    compile_args += ["-O0", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+    link_args += ["-fsanitize=address,undefined"]
+    macros.append(("SBX_NO_VFORK", "1"))
+
+setup(
+    ext_modules=[
+        Extension(
+            "sbxlimit._core",
+            sources=SOURCES,
+            include_dirs=["csrc"],
+            define_macros=macros,
+            extra_compile_args=compile_args,
+            extra_link_args=link_args,
+        )
+    ]
+)
