@@ -1,0 +1,39 @@
+"""Type stub for the C extension sbxlimit._core (csrc/_coremodule.c)."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from _typeshed import StrOrBytesPath
+
+STEPS: tuple[str, ...]
+HAS_VFORK: int
+HAS_PROCTREE: int
+
+def spawn(
+    exec_paths: Sequence[StrOrBytesPath],
+    argv: Sequence[StrOrBytesPath],
+    envp: Sequence[bytes] | None,
+    cwd: StrOrBytesPath | None,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    close_fds: bool,
+    keep_fds: Sequence[int],
+    close_after: Sequence[int],
+    restore_signals: bool,
+    new_session: bool,
+    pgid: int,
+    groups: Sequence[int] | None,
+    gid: int,
+    uid: int,
+    umask: int,
+    rlimits: Sequence[tuple[int, int, int]],
+    pdeathsig: int,
+    no_new_privs: bool,
+    preexec_fn: Callable[[], Any] | None,
+    fail_step: int,
+    fail_errno: int,
+    /,
+) -> tuple[int, tuple[str, int, int, int] | None]: ...
+def tree_sample(pid: int, /) -> tuple[int, int, int, float, float, bool]: ...
+def tree_signal(pid: int, sig: int, pgid: int, /) -> int: ...

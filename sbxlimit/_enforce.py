@@ -1,0 +1,243 @@
+"""Choose, per limit and protection, the mechanism that will hold it.
+
+``plan()`` is the single place where a request meets the platform: it
+returns the rlimits the child sets, what the supervisor watches, and the
+``enforced`` map (field → mechanism, or ``"unenforced: <why>"``).  Every
+downgrade is listed so that ``strict=True`` can refuse before anything
+starts.  The mechanism strings are the ones ``doctor()`` and the docs use.
+
+Mechanism strings: ``<mechanism>[+<mechanism>...][ (<caveat>)]``, or
+``unenforced: <reason>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import resource
+import sys
+import warnings
+
+from . import _core
+from ._limits import Limits
+from ._policy import Policy
+
+__all__ = ["UNENFORCED", "Plan", "plan", "warn_downgrades"]
+
+UNENFORCED = "unenforced: "
+LINUX = sys.platform.startswith("linux")
+_INF = resource.RLIM_INFINITY
+
+
+@dataclasses.dataclass(slots=True)
+class Plan:
+    """What the spawn path does for one sandbox."""
+
+    active: bool = False  # limits or policy given: a sandbox, not a plain Popen
+    rlimits: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    enforced: dict[str, str] = dataclasses.field(default_factory=dict)
+    downgrades: dict[str, str] = dataclasses.field(default_factory=dict)
+    watch_memory: int | None = None
+    watch_pids: int | None = None
+    wall_time: float | None = None
+    output: int | None = None
+    truncate_output: bool = False
+    kill_grace: float = 5.0
+    no_new_privs: bool = False
+
+    @property
+    def needs_monitor(self) -> bool:
+        return (
+            self.watch_memory is not None
+            or self.watch_pids is not None
+            or self.wall_time is not None
+        )
+
+
+def _rlimit(
+    p: Plan, field: str, res: int, soft: int, hard: int, mechanism: str, privileged: bool
+) -> None:
+    """Add one rlimit, clamped to the inherited hard limit when we cannot
+    raise it (setrlimit would fail with EPERM in the child)."""
+    note = ""
+    if not privileged:
+        _cur_soft, cur_hard = resource.getrlimit(res)
+        if cur_hard != _INF:
+            if soft > cur_hard:
+                soft = cur_hard
+                note = f" (clamped to the inherited hard limit {cur_hard})"
+            hard = min(hard, cur_hard)
+    p.rlimits.append((res, soft, hard))
+    if field:
+        p.enforced[field] = mechanism + note
+
+
+def _downgrade(p: Plan, field: str, reason: str) -> None:
+    p.enforced[field] = UNENFORCED + reason
+    p.downgrades[field] = reason
+
+
+_HARD = (
+    resource.RLIMIT_CPU,
+    resource.RLIMIT_FSIZE,
+    resource.RLIMIT_NOFILE,
+    resource.RLIMIT_DATA,
+    resource.RLIMIT_AS,
+    resource.RLIMIT_NPROC,
+)
+_cache: dict[tuple[object, ...], Plan] = {}
+
+
+def plan(limits: Limits | None, policy: Policy | None, *, uid: int) -> Plan:
+    """Decide mechanisms for `limits` and `policy`; `uid` is the user the
+    program will run as (RLIMIT_NPROC counts that user's processes).
+
+    Plans are cached: the same request on the same machine state gets the
+    same (read-only) Plan.  The key includes the inherited hard limits,
+    which decide clamping for an unprivileged process."""
+    privileged = _is_root()
+    hard = () if privileged else tuple(resource.getrlimit(r)[1] for r in _HARD)
+    key = (limits, policy, uid, privileged, hard)
+    p = _cache.get(key)
+    if p is None:
+        if len(_cache) > 256:
+            _cache.clear()
+        p = _cache[key] = _plan(limits, policy, uid=uid, privileged=privileged)
+    return p
+
+
+def _plan(limits: Limits | None, policy: Policy | None, *, uid: int, privileged: bool) -> Plan:
+    p = Plan(active=limits is not None or policy is not None)
+    if not p.active:
+        return p
+    tree = bool(_core.HAS_PROCTREE)
+
+    # Core dumps off for every sandbox: they can leak memory contents and
+    # fill the disk.
+    _rlimit(p, "", resource.RLIMIT_CORE, 0, 0, "", privileged)
+    p.enforced["core_dumps"] = "rlimit:RLIMIT_CORE"
+
+    if limits is not None:
+        p.kill_grace = limits.kill_grace
+        if limits.cpu_time is not None:
+            # SIGXCPU at the soft limit, SIGKILL one second later.
+            soft = math.ceil(limits.cpu_time)
+            _rlimit(
+                p, "cpu_time", resource.RLIMIT_CPU, soft, soft + 1, "rlimit:RLIMIT_CPU", privileged
+            )
+        if limits.file_size is not None:
+            n = limits.file_size
+            _rlimit(p, "file_size", resource.RLIMIT_FSIZE, n, n, "rlimit:RLIMIT_FSIZE", privileged)
+        if limits.open_files is not None:
+            n = limits.open_files
+            _rlimit(
+                p, "open_files", resource.RLIMIT_NOFILE, n, n, "rlimit:RLIMIT_NOFILE", privileged
+            )
+        if limits.memory is not None:
+            # RLIMIT_DATA, not RLIMIT_AS: runtimes that reserve large
+            # PROT_NONE ranges (V8, the JVM, Go) break under an AS cap.
+            n = limits.memory
+            mech = "rlimit:RLIMIT_DATA+watchdog:memory" if tree else "rlimit:RLIMIT_DATA"
+            _rlimit(p, "memory", resource.RLIMIT_DATA, n, n, mech, privileged)
+            if tree:
+                p.watch_memory = n
+            else:
+                p.enforced["memory"] += " (per process; no tree watchdog on this platform)"
+        if limits.address_space is not None:
+            n = limits.address_space
+            _rlimit(p, "address_space", resource.RLIMIT_AS, n, n, "rlimit:RLIMIT_AS", privileged)
+        if limits.pids is not None:
+            _plan_pids(p, limits.pids, uid=uid, tree=tree, privileged=privileged)
+        if limits.wall_time is not None:
+            p.wall_time = limits.wall_time
+            p.enforced["wall_time"] = "watchdog:wall_time"
+        if limits.output is not None:
+            p.output = limits.output
+            p.truncate_output = limits.truncate_output
+            p.enforced["output"] = "supervisor:output" + (
+                " (truncated, not killed)" if limits.truncate_output else ""
+            )
+        if limits.cpu is not None:
+            _downgrade(p, "cpu", "a CPU rate needs a cgroup (cpu.max), which this version does not manage yet")
+        if limits.disk is not None:
+            _downgrade(p, "disk", "workspace size caps are not implemented in this version")
+
+    if policy is not None:
+        _plan_policy(p, policy)
+    return p
+
+
+def _plan_pids(p: Plan, pids: int, *, uid: int, tree: bool, privileged: bool) -> None:
+    if uid == 0:
+        # The kernel does not apply RLIMIT_NPROC to root (or CAP_SYS_RESOURCE).
+        if tree:
+            p.watch_pids = pids
+            p.enforced["pids"] = (
+                "watchdog:pids (RLIMIT_NPROC does not bind root; a fast fork loop can "
+                "overshoot between samples)"
+            )
+        else:
+            _downgrade(p, "pids", "RLIMIT_NPROC does not bind root and there is no cgroup")
+        return
+    _rlimit(
+        p,
+        "pids",
+        resource.RLIMIT_NPROC,
+        pids,
+        pids,
+        "rlimit:RLIMIT_NPROC" + ("+watchdog:pids" if tree else ""),
+        privileged,
+    )
+    p.enforced["pids"] += (
+        f" (RLIMIT_NPROC counts every process of uid {uid}, not only this sandbox's)"
+    )
+    if tree:
+        p.watch_pids = pids
+
+
+def _plan_policy(p: Plan, policy: Policy) -> None:
+    not_yet = "not implemented in this version"
+    if policy.workdir is None:
+        _downgrade(p, "workspace", f"private workspaces are {not_yet}")
+    if policy.writable_roots or policy.deny_read or policy.deny_write:
+        _downgrade(p, "files", f"file rules are {not_yet}")
+    if policy.protect_dotfiles:
+        _downgrade(p, "protect_dotfiles", f"file rules are {not_yet}")
+    if policy.network != "allow":
+        _downgrade(p, "network", f"network rules are {not_yet}")
+    if policy.isolate_pids:
+        _downgrade(p, "isolate_pids", f"PID namespaces are {not_yet}")
+    p.enforced["env"] = (
+        "supervisor:env (LD_*, DYLD_* dropped)"
+        if policy.env == "sanitize"
+        else "supervisor:env (allow-list)"
+    )
+    if policy.harden:
+        if LINUX:
+            p.no_new_privs = True
+            p.enforced["no_new_privs"] = "prctl:PR_SET_NO_NEW_PRIVS"
+        else:
+            _downgrade(p, "no_new_privs", "no_new_privs exists only on Linux")
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_downgrades(p: Plan, *, stacklevel: int) -> None:
+    """One RuntimeWarning per (field, reason) per process."""
+    for field, reason in p.downgrades.items():
+        key = (field, reason)
+        if key in _warned:
+            continue
+        _warned.add(key)
+        warnings.warn(
+            f"sbxlimit: {field} is not enforced here: {reason}. "
+            "Pass Policy(strict=True) to refuse instead; see `python -m sbxlimit doctor`.",
+            RuntimeWarning,
+            stacklevel=stacklevel + 1,
+        )

@@ -1,0 +1,135 @@
+"""The exception hierarchy (SPEC section 10).
+
+Every error sbxlimit raises on purpose derives from :class:`Error`.  Where a
+subprocess-compatible error exists, ours also derives from it, so code written
+for :mod:`subprocess` keeps catching what it caught before.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._termination import Termination
+
+__all__ = [
+    "ConfigError",
+    "Error",
+    "LimitExceeded",
+    "SandboxSetupError",
+    "UnsupportedError",
+]
+
+
+class Error(Exception):
+    """Base class of sbxlimit's own exceptions."""
+
+
+class ConfigError(Error, ValueError):
+    """A limit, policy or argument was rejected before any process started.
+
+    ``field`` names what was wrong (``"Limits.memory"``,
+    ``"resources.memory.limit"``), ``value`` is the input as given.
+    """
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        self.field = field
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{field}: {problem} (got {value!r})")
+
+
+class UnsupportedError(Error):
+    """``strict=True`` asked for something this machine cannot enforce.
+
+    Raised before the process starts.  ``items`` maps each field to the reason
+    it cannot be held here.
+    """
+
+    def __init__(self, items: dict[str, str]) -> None:
+        self.items = dict(items)
+        lines = "; ".join(f"{k}: {v}" for k, v in self.items.items())
+        super().__init__(
+            f"cannot enforce what strict=True requires: {lines}. "
+            "Hint: run `python -m sbxlimit doctor` to see what this machine supports, "
+            "or pass strict=False to run with what it can hold."
+        )
+
+
+_STEP_HINTS = {
+    "setuid": "changing the user needs root or CAP_SETUID.",
+    "setgid": "changing the group needs root or CAP_SETGID.",
+    "setgroups": "setting supplementary groups needs root or CAP_SETGID.",
+    "pdeathsig": "the parent-death signal needs Linux; pass die_with_parent=False elsewhere.",
+    "session:setpgid": "the process group must exist and be in the same session.",
+}
+
+
+def _hint_for(step: str, errno_: int) -> str:
+    if step.startswith("rlimit:"):
+        return (
+            "a limit above the inherited hard limit needs CAP_SYS_RESOURCE; "
+            "ask for at most `ulimit -H` of that resource."
+        )
+    return _STEP_HINTS.get(step, "see docs/errors.md for what each step does.")
+
+
+class SandboxSetupError(Error, OSError):
+    """The child failed while setting up the sandbox, before exec.
+
+    ``step`` is the stable name of the failing step (``"rlimit:RLIMIT_NOFILE"``),
+    ``errno`` the error of the failing call, ``detail`` the step's number
+    (the fd, id or limit involved).  Also an :class:`OSError`, so a handler
+    for ``PermissionError``-style errors can inspect ``errno``.
+    """
+
+    step: str
+    detail: int
+
+    def __init__(self, step: str, errno_: int, detail: int = 0, filename: Any = None) -> None:
+        strerror = os.strerror(errno_) if errno_ else "failed"
+        if filename is None:
+            OSError.__init__(self, errno_, strerror)
+        else:
+            OSError.__init__(self, errno_, strerror, filename)
+        self.step = step
+        self.detail = detail
+
+    def __str__(self) -> str:
+        where = f" ({self.filename!r})" if self.filename is not None else ""
+        return (
+            f"sandbox setup failed at step {self.step!r} (detail {self.detail}): "
+            f"[Errno {self.errno}] {self.strerror}{where}. "
+            f"Hint: {_hint_for(self.step, self.errno or 0)}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.step, self.errno, self.detail, self.filename))
+
+
+class LimitExceeded(Error, subprocess.CalledProcessError):
+    """``run(check=True)``: the program was stopped by one of its limits.
+
+    Also a :class:`subprocess.CalledProcessError`, with ``returncode``,
+    ``cmd``, ``output`` and ``stderr``; ``termination`` says which limit, how
+    much was used and by what mechanism.
+    """
+
+    def __init__(
+        self,
+        termination: Termination,
+        cmd: Any,
+        output: Any = None,
+        stderr: Any = None,
+    ) -> None:
+        rc = termination.returncode if termination.returncode is not None else -1
+        subprocess.CalledProcessError.__init__(self, rc, cmd, output, stderr)
+        self.termination = termination
+
+    def __str__(self) -> str:
+        return self.termination.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.termination, self.cmd, self.output, self.stderr))

@@ -1,0 +1,227 @@
+"""``Limits``: what a sandbox may use (SPEC section 2)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import ConfigError
+from ._units import (
+    parse_bytes,
+    parse_count,
+    parse_millicores,
+    parse_rate,
+    parse_seconds,
+)
+
+__all__ = ["MANIFEST_DEFAULTS", "Limits"]
+
+# SPEC section 2: what a manifest means when it leaves a section out.
+MANIFEST_DEFAULTS: Mapping[str, str | int] = {
+    "cpu": "200m",
+    "memory": "256Mi",
+    "disk": "100Mi",
+    "max_tool_call_duration": "15s",
+    "max_concurrent_calls": 3,
+    "rate_limit": "60/minute",
+}
+
+_BYTES = ("memory", "file_size", "disk", "output", "address_space")
+_BYTES_ZERO_OK = ("file_size", "output")
+_SECONDS = ("cpu_time", "wall_time")
+_COUNTS = ("pids", "open_files")
+# Manifest "resources" keys and the Limits field each one sets.
+_RESOURCE_KEYS = {
+    "cpu": "cpu",
+    "memory": "memory",
+    "disk": "disk",
+    "pids": "pids",
+    "open_files": "open_files",
+    "file_size": "file_size",
+    "cpu_time": "cpu_time",
+    "output": "output",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """What a sandbox may use.  Every field is optional; ``None`` = not limited.
+
+    Values may be numbers or strings with units and are normalised on
+    construction: bytes for ``memory``, ``file_size``, ``disk``, ``output``,
+    ``address_space`` (``"512Mi"``, ``"1G"``); seconds for ``cpu_time``,
+    ``wall_time``, ``kill_grace`` (``"30s"``, ``"500ms"``); millicores for
+    ``cpu`` (``"500m"``, ``1.5``); counts for ``pids`` and ``open_files``.
+    Bad values raise :class:`ValueError` (:class:`sbxlimit.ConfigError`)
+    naming the field and the input.
+
+    Fields:
+        memory: bytes the sandbox may use (RLIMIT_DATA per process plus a
+            watchdog on the tree's resident memory; a cgroup where available).
+        cpu_time: CPU seconds (RLIMIT_CPU, per process; SIGXCPU, then SIGKILL
+            one second later).
+        cpu: CPU rate in millicores (needs a cgroup).
+        pids: processes + threads in the sandbox.
+        open_files: file descriptors per process (RLIMIT_NOFILE).
+        file_size: largest file the program may write (RLIMIT_FSIZE).
+        disk: bytes in the workspace.
+        wall_time: seconds from start until the whole tree is terminated.
+        output: bytes of stdout (and, separately, stderr) passed on; past it
+            the sandbox is killed, or the rest discarded with
+            ``truncate_output=True``.
+        kill_grace: seconds between SIGTERM and SIGKILL when time runs out.
+        address_space: opt-in RLIMIT_AS cap (breaks runtimes that reserve
+            large address ranges: V8, the JVM, Go).
+        truncate_output: keep running past ``output`` and discard the rest.
+    """
+
+    memory: int | None = None
+    cpu_time: float | None = None
+    cpu: int | None = None
+    pids: int | None = None
+    open_files: int | None = None
+    file_size: int | None = None
+    disk: int | None = None
+    wall_time: float | None = None
+    output: int | None = None
+    kill_grace: float = 5.0
+    address_space: int | None = None
+    truncate_output: bool = False
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        for name in _BYTES:
+            v = getattr(self, name)
+            if v is not None:
+                put(name, parse_bytes(f"Limits.{name}", v, allow_zero=name in _BYTES_ZERO_OK))
+        for name in _SECONDS:
+            v = getattr(self, name)
+            if v is not None:
+                put(name, parse_seconds(f"Limits.{name}", v))
+        for name in _COUNTS:
+            v = getattr(self, name)
+            if v is not None:
+                put(name, parse_count(f"Limits.{name}", v))
+        if self.cpu is not None:
+            put("cpu", parse_millicores("Limits.cpu", self.cpu))
+        put("kill_grace", parse_seconds("Limits.kill_grace", self.kill_grace, allow_zero=True))
+        if not isinstance(self.truncate_output, bool):
+            raise ConfigError("Limits.truncate_output", self.truncate_output, "expected a bool")
+
+    # -- constructors -------------------------------------------------------
+
+    @classmethod
+    def coerce(cls, value: Limits | Mapping[str, Any] | None) -> Limits | None:
+        """Accept a Limits, a mapping of its fields, or None."""
+        if value is None or isinstance(value, Limits):
+            return value
+        if isinstance(value, Mapping):
+            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ConfigError("limits", sorted(unknown), "unknown Limits field(s)")
+            return cls(**value)
+        raise ConfigError("limits", value, "expected sbxlimit.Limits, a dict of its fields, or None")
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> Limits:
+        """Read the manifest form of SPEC section 2.
+
+        ``{"resources": {"cpu": {"limit": "500m"}, "memory": {"limit": "512Mi"},
+        "disk": {"limit": "1Gi"}}, "execution_limits": {"max_tool_call_duration":
+        "30s", ...}}``.  Missing cpu/memory/disk/duration take the SPEC defaults
+        (200m, 256Mi, 100Mi, 15s); ``max_tool_call_duration`` becomes
+        ``wall_time``.  Errors name the JSON path of the bad value.
+        Concurrency and rate belong to :class:`sbxlimit.Gate`.
+        """
+        if not isinstance(manifest, Mapping):
+            raise ConfigError("manifest", manifest, "expected a mapping (parsed JSON object)")
+        resources = manifest.get("resources", {})
+        if not isinstance(resources, Mapping):
+            raise ConfigError("resources", resources, "expected an object")
+        execution = manifest.get("execution_limits", {})
+        if not isinstance(execution, Mapping):
+            raise ConfigError("execution_limits", execution, "expected an object")
+
+        values: dict[str, Any] = {
+            "cpu": MANIFEST_DEFAULTS["cpu"],
+            "memory": MANIFEST_DEFAULTS["memory"],
+            "disk": MANIFEST_DEFAULTS["disk"],
+        }
+        for key, entry in resources.items():
+            path = f"resources.{key}"
+            if key not in _RESOURCE_KEYS:
+                raise ConfigError(path, entry, f"unknown resource; known: {sorted(_RESOURCE_KEYS)}")
+            if isinstance(entry, Mapping):
+                extra = set(entry) - {"limit", "request"}
+                if extra:
+                    raise ConfigError(path, entry, f"unknown key(s) {sorted(extra)}")
+                if "limit" not in entry:
+                    continue
+                path, entry = f"{path}.limit", entry["limit"]
+            values[_RESOURCE_KEYS[key]] = _checked(path, _RESOURCE_KEYS[key], entry)
+
+        duration = execution.get("max_tool_call_duration", MANIFEST_DEFAULTS["max_tool_call_duration"])
+        values["wall_time"] = parse_seconds("execution_limits.max_tool_call_duration", duration)
+        for key in execution:
+            path = f"execution_limits.{key}"
+            if key == "max_concurrent_calls":
+                parse_count(path, execution[key])
+            elif key == "rate_limit":
+                parse_rate(path, execution[key])
+            elif key != "max_tool_call_duration":
+                raise ConfigError(path, execution[key], "unknown execution limit")
+        for key in manifest:
+            if key not in ("resources", "execution_limits"):
+                raise ConfigError(str(key), manifest[key], "unknown manifest section")
+        return cls(**values)
+
+    # -- operations ---------------------------------------------------------
+
+    def clamp(self, ceiling: Limits) -> Limits:
+        """The stricter of each field: an operator's ceiling over a request.
+
+        ``None`` (unlimited) loses to any value; ``truncate_output`` keeps
+        this object's choice.
+        """
+        if not isinstance(ceiling, Limits):
+            raise ConfigError("ceiling", ceiling, "expected sbxlimit.Limits")
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "truncate_output":
+                continue
+            mine, theirs = getattr(self, f.name), getattr(ceiling, f.name)
+            if mine is None:
+                changes[f.name] = theirs
+            elif theirs is not None:
+                changes[f.name] = min(mine, theirs)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready normalised values (bytes, seconds, millicores, counts)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def asked(self) -> dict[str, Any]:
+        """Only the fields that limit something (not None, not the knobs)."""
+        return {
+            k: v
+            for k, v in self.to_dict().items()
+            if v is not None and k not in ("kill_grace", "truncate_output")
+        }
+
+
+def _checked(path: str, field: str, value: object) -> object:
+    """Validate a manifest value under its JSON path and return it as given
+    (Limits normalises it; returning the normalised form would read
+    millicores as cores)."""
+    if field in _BYTES:
+        parse_bytes(path, value, allow_zero=field in _BYTES_ZERO_OK)
+    elif field in _SECONDS:
+        parse_seconds(path, value)
+    elif field in _COUNTS:
+        parse_count(path, value)
+    else:
+        parse_millicores(path, value)
+    return value

@@ -1,0 +1,522 @@
+"""The supervisor: one thread watches every live sandbox of this process.
+
+It owns three kinds of work, all driven by one selector loop:
+
+* deadlines: ``wall_time`` (SIGTERM to the tree, SIGKILL ``kill_grace``
+  later), and the pending SIGKILL of a tree kill;
+* sampling, every ``sample_interval``: the tree's memory and task count
+  against ``memory``/``pids`` where no cgroup holds them;
+* output pumps: a capped stream's bytes go child → pump → destination, so the
+  cap holds however the caller reads (``communicate``, ``proc.stdout``, a
+  pipeline, the terminal).
+
+There is no thread per sandbox.  Registering a sandbox wakes the loop only
+when it is due earlier than the loop's next wake-up.  Kills are recorded
+before they are sent, so the reason is known when the program dies; a
+kill is never sent to a leader that has already exited (checked with
+``waitid(WNOWAIT)``), and a leader is unregistered before it is reaped, so
+its pid cannot be reused under us.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import select
+import selectors
+import signal
+import threading
+import time
+from typing import Any
+
+from . import _core
+from ._termination import KillRecord
+
+__all__ = ["Monitor", "Pump", "Watch", "get_monitor", "signal_tree"]
+
+log = logging.getLogger("sbxlimit")
+
+_PIPE_BUF = 4096
+# After the last sandbox goes, keep ticking this long before sleeping for
+# good: a burst of spawns then registers without waking the thread.
+_LINGER = 5.0
+_IDLE_TICK = 0.1
+_MARK = b"\n[sbxlimit: output truncated at %d bytes]\n"
+
+
+def signal_tree(pid: int, sig: int, pgid: int) -> None:
+    """Signal the tree rooted at `pid` and (pgid > 0) its process group."""
+    if _core.HAS_PROCTREE:
+        try:
+            _core.tree_signal(pid, sig, pgid)
+            return
+        except OSError:
+            pass
+    for target in ((-pgid,) if pgid > 0 else ()) + (pid,):
+        try:
+            os.kill(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def leader_exited(pid: int) -> bool:
+    """True once `pid` (our child) has exited; it is not reaped."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+class Watch:
+    """Supervisor state of one sandbox, shared by its Popen and the monitor."""
+
+    __slots__ = (
+        "deadline",
+        "done",
+        "exited_at",
+        "grace",
+        "hits",
+        "interval",
+        "kill",
+        "memory_limit",
+        "memory_now",
+        "memory_peak",
+        "next_sample",
+        "pgid",
+        "pid",
+        "pids_limit",
+        "sigkill_at",
+        "start",
+        "tasks_now",
+        "tasks_peak",
+        "wall_time",
+    )
+
+    def __init__(
+        self,
+        *,
+        pid: int,
+        pgid: int,
+        start: float,
+        wall_time: float | None,
+        memory: int | None,
+        pids: int | None,
+        grace: float,
+        interval: float,
+    ) -> None:
+        self.pid = pid
+        self.pgid = pgid  # > 0: the sandbox leads this process group
+        self.start = start
+        self.wall_time = wall_time
+        self.deadline = start + wall_time if wall_time is not None else None
+        self.memory_limit = memory
+        self.pids_limit = pids
+        self.grace = grace
+        self.interval = interval
+        sampled = memory is not None or pids is not None
+        self.next_sample: float | None = start + interval if sampled else None
+        self.kill: KillRecord | None = None
+        self.sigkill_at: float | None = None
+        self.done = False  # leader exited or unregistered
+        self.exited_at: float | None = None
+        self.hits: set[str] = set()
+        self.memory_now = 0
+        self.memory_peak = 0
+        self.tasks_now = 0
+        self.tasks_peak = 0
+
+    def due(self) -> float:
+        if self.done:
+            return math.inf
+        t = math.inf
+        if self.sigkill_at is not None:
+            t = self.sigkill_at
+        if self.kill is None and self.deadline is not None:
+            t = min(t, self.deadline)
+        if self.next_sample is not None:
+            t = min(t, self.next_sample)
+        return t
+
+    def observe(self, memory: int, tasks: int) -> None:
+        self.memory_now, self.tasks_now = memory, tasks
+        self.memory_peak = max(self.memory_peak, memory)
+        self.tasks_peak = max(self.tasks_peak, tasks)
+
+
+def _writable(fd: int) -> bool:
+    p = select.poll()
+    p.register(fd, select.POLLOUT)
+    return bool(p.poll(0))
+
+
+def _utf8_cut(data: bytes) -> bytes:
+    """Drop a UTF-8 sequence left incomplete at the end of `data`, so that a
+    text-mode reader does not fail to decode the cut."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b < 0x80:
+            return data
+        if b >= 0xC0:
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return data[:-back] if back < need else data
+    return data
+
+
+class Pump:
+    """Passes one output stream of a sandbox on, counting, up to its cap.
+
+    `src` is the read end of the pipe the child writes to; `dst` is ours
+    (a dup): non-blocking when we own the pipe behind it, otherwise written
+    a PIPE_BUF at a time when the selector says it is writable, or with
+    plain blocking writes for files.
+    """
+
+    def __init__(
+        self,
+        monitor: Monitor,
+        watch: Watch | None,
+        src: int,
+        dst: int,
+        *,
+        owned_dst: bool,
+        cap: int,
+        truncate: bool,
+        stream: str,
+    ) -> None:
+        self.monitor = monitor
+        self.watch = watch
+        self.src = src
+        self.dst = dst
+        self.cap = cap
+        self.truncate = truncate
+        self.stream = stream
+        self.count = 0  # bytes the program wrote
+        self.passed = 0  # bytes passed on
+        self.pending = bytearray()
+        self.discarding = False
+        self.close_after_flush = False
+        self.src_eof = False
+        self.mode = "nonblock" if owned_dst else "poll"
+        self.sel: selectors.BaseSelector | None = None
+        self.src_on = False
+        self.dst_on = False
+        os.set_blocking(src, False)
+        if owned_dst:
+            os.set_blocking(dst, False)
+
+    def discard(self) -> None:
+        """Before attach: the spawn failed; release the fds."""
+        for fd in (self.src, self.dst):
+            if fd >= 0:
+                os.close(fd)
+        self.src = self.dst = -1
+
+    # -- monitor thread only ---------------------------------------------
+
+    def attach(self, sel: selectors.BaseSelector) -> None:
+        self.sel = sel
+        self._watch_src(True)
+
+    def on_event(self, fd: int) -> None:
+        if fd == self.src:
+            self._read()
+        elif fd == self.dst:
+            self._flush()
+
+    def _watch_src(self, on: bool) -> None:
+        if self.sel is None or self.src < 0 or on == self.src_on:
+            return
+        if on:
+            self.sel.register(self.src, selectors.EVENT_READ, self)
+        else:
+            self.sel.unregister(self.src)
+        self.src_on = on
+
+    def _watch_dst(self, on: bool) -> bool:
+        if self.sel is None or self.dst < 0 or on == self.dst_on:
+            return True
+        if on:
+            try:
+                self.sel.register(self.dst, selectors.EVENT_WRITE, self)
+            except (OSError, ValueError):
+                return False  # a file or /dev/null: cannot be polled
+        else:
+            self.sel.unregister(self.dst)
+        self.dst_on = on
+        return True
+
+    def _close_src(self) -> None:
+        self._watch_src(False)
+        if self.src >= 0:
+            os.close(self.src)
+            self.src = -1
+
+    def _close_dst(self) -> None:
+        self._watch_dst(False)
+        if self.dst >= 0:
+            os.close(self.dst)
+            self.dst = -1
+
+    def close(self) -> None:
+        self._close_src()
+        self._close_dst()
+        self.monitor._pump_done(self)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.src, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.src_eof = True
+            self._close_src()
+            self._flush()
+            return
+        self.count += len(data)
+        if self.discarding:
+            return
+        room = self.cap - self.passed
+        if len(data) <= room:
+            self.pending += data
+            self.passed += len(data)
+        else:
+            keep = _utf8_cut(data[:room])
+            self.pending += keep
+            self.passed += len(keep)
+            self.discarding = True
+            self.close_after_flush = True
+            assert self.watch is not None
+            self.watch.hits.add("output")
+            if self.truncate:
+                self.pending += _MARK % self.cap
+            else:
+                self.monitor.limit_kill(
+                    self.watch,
+                    KillRecord("output", self.cap, self.count, "supervisor:output", self.stream),
+                )
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.pending and self.dst >= 0:
+            if self.mode == "poll" and not _writable(self.dst):
+                if self._watch_dst(True):
+                    break
+                self.mode = "file"  # cannot be polled: write blocking
+            chunk = self.pending if self.mode != "poll" else self.pending[:_PIPE_BUF]
+            try:
+                n = os.write(self.dst, chunk)
+            except BlockingIOError:
+                break
+            except OSError:
+                # Nobody reads any more: behave like a pipe without a reader
+                # (the program's next write fails with EPIPE).
+                self.pending.clear()
+                self.close()
+                return
+            del self.pending[:n]
+        if self.pending:
+            self._watch_dst(True)
+            self._watch_src(False)  # back-pressure, as a full pipe would
+            return
+        self._watch_dst(False)
+        if self.src_eof or self.close_after_flush:
+            self._close_dst()
+        if self.src_eof:
+            self.close()
+        elif self.src >= 0:
+            self._watch_src(True)
+
+
+class Monitor:
+    """The supervisor thread and its state; one per process (get_monitor)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: set[Watch] = set()
+        self._new_pumps: list[Pump] = []
+        self._pumps: set[Pump] = set()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._sleep_until = math.inf
+        self._last_busy = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="sbxlimit-monitor", daemon=True)
+        self._thread.start()
+
+    # -- any thread -------------------------------------------------------
+
+    def register(self, w: Watch) -> None:
+        with self._lock:
+            self._watches.add(w)
+            wake = w.due() < self._sleep_until
+        if wake:
+            self._wake()
+
+    def unregister(self, w: Watch) -> None:
+        with self._lock:
+            self._watches.discard(w)
+            w.done = True
+
+    def add_pump(self, pump: Pump) -> None:
+        with self._lock:
+            self._new_pumps.append(pump)
+        self._wake()
+
+    def limit_kill(self, w: Watch, record: KillRecord, grace: float = 0.0) -> None:
+        with self._lock:
+            self._start_kill(w, record, grace)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already pending
+
+    # -- lock held --------------------------------------------------------
+
+    def _start_kill(self, w: Watch, record: KillRecord, grace: float) -> None:
+        if w.done or w.kill is not None:
+            return  # the first reason wins
+        if leader_exited(w.pid):
+            self._leader_exited(w)
+            return
+        w.kill = record
+        w.hits.add(record.reason)
+        signal_tree(w.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL, w.pgid)
+        if grace > 0:
+            w.sigkill_at = time.monotonic() + grace
+
+    def _leader_exited(self, w: Watch) -> None:
+        # The zombie leader still holds the group id: safe to signal it.
+        w.done = True
+        w.exited_at = time.monotonic()
+        self._watches.discard(w)
+        if w.pgid > 0:
+            try:
+                os.killpg(w.pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _tick(self, w: Watch, now: float) -> None:
+        if w.done:
+            return
+        if w.sigkill_at is not None and now >= w.sigkill_at:
+            w.sigkill_at = None
+            if leader_exited(w.pid):
+                self._leader_exited(w)
+                return
+            signal_tree(w.pid, signal.SIGKILL, w.pgid)
+        if w.kill is None and w.deadline is not None and now >= w.deadline:
+            assert w.wall_time is not None
+            record = KillRecord(
+                "wall_time", w.wall_time, round(now - w.start, 3), "watchdog:wall_time"
+            )
+            self._start_kill(w, record, w.grace)
+        if w.next_sample is not None and now >= w.next_sample:
+            w.next_sample = now + w.interval
+            self._sample(w)
+
+    def _sample(self, w: Watch) -> None:
+        try:
+            memory, tasks, _procs, _u, _s, alive = _core.tree_sample(w.pid)
+        except OSError:
+            w.next_sample = None
+            return
+        if not alive:
+            self._leader_exited(w)
+            return
+        w.observe(memory, tasks)
+        if w.kill is not None:
+            return
+        if w.memory_limit is not None and memory > w.memory_limit:
+            self._start_kill(w, KillRecord("memory", w.memory_limit, memory, "watchdog:memory"), 0)
+        elif w.pids_limit is not None and tasks > w.pids_limit:
+            self._start_kill(w, KillRecord("pids", w.pids_limit, tasks, "watchdog:pids"), 0)
+
+    # -- monitor thread -----------------------------------------------------
+
+    def _pump_done(self, pump: Pump) -> None:
+        self._pumps.discard(pump)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._loop_once()
+            except Exception:  # never let the supervisor die
+                log.exception("sbxlimit monitor: unexpected error")
+                time.sleep(0.01)
+
+    def _loop_once(self) -> None:
+        with self._lock:
+            new, self._new_pumps = self._new_pumps, []
+            now = time.monotonic()
+            due = min((w.due() for w in self._watches), default=math.inf)
+            if self._watches:
+                self._last_busy = now
+            elif now - self._last_busy < _LINGER:
+                due = now + _IDLE_TICK
+            self._sleep_until = due
+        for pump in new:
+            self._pumps.add(pump)
+            pump.attach(self._sel)
+        timeout = None if due == math.inf else max(0.0, due - now)
+        for key, _mask in self._sel.select(timeout):
+            if key.data is None:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
+            key.data.on_event(key.fd)
+        with self._lock:
+            now = time.monotonic()
+            for w in list(self._watches):
+                self._tick(w, now)
+
+    def close_in_child(self) -> None:
+        """After os.fork(): the thread is gone; release what the child inherited."""
+        fds: list[Any] = [self._wake_r, self._wake_w]
+        for p in list(self._pumps) + self._new_pumps:
+            fds += [p.src, p.dst]
+        for fd in fds:
+            if isinstance(fd, int) and fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        try:
+            self._sel.close()
+        except Exception:
+            pass
+
+
+_monitor: Monitor | None = None
+_monitor_lock = threading.Lock()
+
+
+def get_monitor() -> Monitor:
+    global _monitor
+    m = _monitor
+    if m is None:
+        with _monitor_lock:
+            if _monitor is None:
+                _monitor = Monitor()
+            m = _monitor
+    return m
+
+
+def _after_fork_in_child() -> None:
+    global _monitor, _monitor_lock
+    if _monitor is not None:
+        _monitor.close_in_child()
+    _monitor = None
+    _monitor_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,159 @@
+"""``Policy``: what a sandbox may touch (SPEC section 3).
+
+This module validates and normalises; which protections a platform can hold
+is decided by ``_enforce.plan`` and reported in ``Popen.enforced``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from ._errors import ConfigError
+
+__all__ = ["DOTFILES", "Policy"]
+
+NetworkMode = Literal["allow", "deny", "proxy"]
+
+# Written by protect_dotfiles=True, relative to $HOME (".git/hooks" is
+# relative to the workspace and writable roots too).
+DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig", ".ssh")
+
+_ENV_NAME = re.compile(r"^[^=\0]+$")
+
+
+def _path(field: str, value: object) -> str:
+    try:
+        text = os.fspath(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise ConfigError(field, value, "expected a path (str or os.PathLike)") from None
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if "\0" in text:
+        raise ConfigError(field, value, "contains a NUL byte")
+    if not os.path.isabs(text):
+        raise ConfigError(field, value, "must be an absolute path")
+    return os.path.normpath(text)
+
+
+def _paths(field: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(field, value, "expected a list of absolute paths")
+    return tuple(_path(f"{field}[{i}]", v) for i, v in enumerate(value))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """What a sandbox may touch.  Immutable; validated on construction.
+
+    Fields:
+        workdir: None for a private 0700 temp workspace (removed at close
+            unless ``keep_workdir``), else an absolute path used as is.
+        keep_workdir: leave the private workspace in place after close.
+        writable_roots: absolute paths the child may write, besides the
+            workspace and a private tmp.
+        deny_read, deny_write: absolute paths the child may not read / write.
+        protect_dotfiles: deny writes to ~/.bashrc, ~/.zshrc, ~/.profile,
+            ~/.gitconfig, ~/.ssh and .git/hooks.
+        network: ``"allow"``, ``"deny"``, or ``"proxy"`` (only loopback
+            ``proxy_ports``; proxy environment variables set).
+        proxy_ports: loopback TCP ports reachable with ``network="proxy"``.
+        env: ``"sanitize"`` drops ``LD_*`` and ``DYLD_*``; a list of names
+            keeps only those variables.
+        harden: no_new_privs, no core dumps.
+        isolate_pids: new PID namespace where possible.
+        strict: raise :class:`UnsupportedError` before starting if anything
+            asked for cannot be enforced here (default: apply what can be
+            and record the rest in ``Popen.enforced``).
+    """
+
+    workdir: str | None = None
+    keep_workdir: bool = False
+    writable_roots: tuple[str, ...] = ()
+    deny_read: tuple[str, ...] = ()
+    deny_write: tuple[str, ...] = ()
+    protect_dotfiles: bool = True
+    network: NetworkMode = "allow"
+    proxy_ports: tuple[int, ...] = ()
+    env: Literal["sanitize"] | tuple[str, ...] = "sanitize"
+    harden: bool = True
+    isolate_pids: bool = False
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        if self.workdir is not None:
+            put("workdir", _path("Policy.workdir", self.workdir))
+        for name in ("writable_roots", "deny_read", "deny_write"):
+            put(name, _paths(f"Policy.{name}", getattr(self, name)))
+        for name in ("keep_workdir", "protect_dotfiles", "harden", "isolate_pids", "strict"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"Policy.{name}", getattr(self, name), "expected a bool")
+        if self.network not in ("allow", "deny", "proxy"):
+            raise ConfigError("Policy.network", self.network, "expected 'allow', 'deny' or 'proxy'")
+        ports = self.proxy_ports
+        if isinstance(ports, (str, bytes)) or not isinstance(ports, Iterable):
+            raise ConfigError("Policy.proxy_ports", ports, "expected a list of TCP ports")
+        checked = []
+        for p in ports:
+            if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
+                raise ConfigError("Policy.proxy_ports", p, "expected a TCP port 1..65535")
+            checked.append(p)
+        put("proxy_ports", tuple(sorted(set(checked))))
+        if self.network == "proxy" and not self.proxy_ports:
+            raise ConfigError("Policy.proxy_ports", (), "network='proxy' needs at least one port")
+        if self.network != "proxy" and self.proxy_ports:
+            raise ConfigError(
+                "Policy.proxy_ports", self.proxy_ports, "only meaningful with network='proxy'"
+            )
+        env = self.env
+        if env != "sanitize":
+            if isinstance(env, (str, bytes)) or not isinstance(env, Iterable):
+                raise ConfigError(
+                    "Policy.env", env, "expected 'sanitize' or a list of variable names"
+                )
+            names = tuple(env)
+            for n in names:
+                if not isinstance(n, str) or not _ENV_NAME.match(n):
+                    raise ConfigError("Policy.env", n, "not a valid environment variable name")
+            put("env", names)
+
+    @classmethod
+    def coerce(cls, value: Policy | Mapping[str, Any] | None) -> Policy | None:
+        """Accept a Policy, a mapping of its fields, or None."""
+        if value is None or isinstance(value, Policy):
+            return value
+        if isinstance(value, Mapping):
+            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ConfigError("policy", sorted(unknown), "unknown Policy field(s)")
+            return cls(**value)
+        raise ConfigError("policy", value, "expected sbxlimit.Policy, a dict of its fields, or None")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    def filter_env(self, env: Mapping[Any, Any]) -> dict[Any, Any]:
+        """The environment the child gets under this policy (str or bytes keys)."""
+
+        def name(k: Any) -> str:
+            return os.fsdecode(k) if isinstance(k, bytes) else str(k)
+
+        if self.env == "sanitize":
+            return {
+                k: v
+                for k, v in env.items()
+                if not (name(k).startswith("LD_") or name(k).startswith("DYLD_"))
+            }
+        keep = set(self.env)
+        return {k: v for k, v in env.items() if name(k) in keep}

@@ -1,0 +1,535 @@
+"""``sbxlimit.Popen``: :class:`subprocess.Popen` with limits and a sandbox.
+
+Everything subprocess does in the parent (argument checks, pipes, text
+mode, ``communicate``, ``wait``) is subprocess's own code: this class only
+replaces how the child is made (``_execute_child``, via the C core) and how
+it is reaped (``wait4``, for rusage), and adds ``limits``, ``policy``,
+``enforced``, ``usage()``, ``termination`` and ``kill_tree()``.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from . import _core
+from ._enforce import Plan, plan, warn_downgrades
+from ._errors import ConfigError, UnsupportedError
+from ._limits import Limits
+from ._monitor import Pump, Watch, get_monitor, signal_tree
+from ._policy import Policy
+from . import _spawn as _spawn_mod
+from ._spawn import child_error, resolve_executable
+from ._termination import Outcome, Termination, Usage
+from ._units import parse_seconds
+
+__all__ = ["Popen"]
+
+_ids = itertools.count(1)
+_DEFAULT_INTERVAL = 0.1
+_NO_PLAN = Plan()  # a plain Popen: no limits, no policy
+
+
+def _target_uid(user: Any) -> int:
+    """The uid the program will run as (for RLIMIT_NPROC's caveat)."""
+    if user is None:
+        return os.geteuid()
+    if isinstance(user, int):
+        return user
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except (KeyError, TypeError):
+        return os.geteuid()  # subprocess reports the bad user itself
+
+
+class Popen(subprocess.Popen):  # type: ignore[type-arg]
+    """A drop-in :class:`subprocess.Popen` that runs the program in a sandbox.
+
+    Every argument of :class:`subprocess.Popen` works as there.  Extra
+    keyword-only arguments:
+
+    limits: :class:`Limits` (or a dict of its fields): what the program may use.
+    policy: :class:`Policy` (or a dict): what it may touch.
+    sample_interval: seconds between the supervisor's samples of memory and
+        task count (default 0.1) where no cgroup holds them.
+    die_with_parent: kill the program if the thread that started it dies
+        (``PR_SET_PDEATHSIG``).  Linux ties this signal to the *thread*, so
+        the default is True only when spawning from the main thread.
+
+    Without ``limits`` and ``policy`` the child is exactly what subprocess
+    makes (plus ``usage`` and ``termination``).  With either, it also leads
+    its own process group (unless you chose ``start_new_session`` or
+    ``process_group``), so that the supervisor can end the whole tree, and
+    whatever it leaves behind in that group is killed when it exits.
+
+    ``preexec_fn`` still works, but forces a full ``fork()`` of this
+    interpreter (slow for a large parent) and runs Python code in the
+    child, which can deadlock if other threads hold locks.
+    """
+
+    # Class-level defaults: the spawn path of a plain Popen sets nothing it
+    # does not need (every extra line there costs, cold, after each exec).
+    _sbx_plan: Plan = _NO_PLAN
+    _sbx_watch: Watch | None = None
+    _sbx_rusage: Any = None
+    _sbx_end: float | None = None
+    _sbx_start = 0.0
+    _sbx_final: Outcome | None = None
+    _sbx_pgid = 0  # > 0 when the child leads that group and we may kill it
+    _sbx_tree_pgid = 0  # same, and what it leaves there is killed at exit
+    _sbx_interval = _DEFAULT_INTERVAL
+    _sbx_die_with_parent: bool | None = None
+    _sbx_id: str | None = None
+    limits: Limits | None = None
+    policy: Policy | None = None
+
+    def __init__(
+        self,
+        args: Any,
+        *popenargs: Any,
+        limits: Limits | Mapping[str, Any] | None = None,
+        policy: Policy | Mapping[str, Any] | None = None,
+        sample_interval: float | str = _DEFAULT_INTERVAL,
+        die_with_parent: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # subprocess.Popen.__del__ reads this if we raise before it is set.
+        self._child_created = False
+        if limits is not None or policy is not None:
+            self._sbx_prepare(limits, policy, kwargs.get("user"))
+        if sample_interval is not _DEFAULT_INTERVAL:
+            self._sbx_interval = parse_seconds("sample_interval", sample_interval)
+        if die_with_parent is not None:
+            if not isinstance(die_with_parent, bool):
+                raise ConfigError("die_with_parent", die_with_parent, "expected a bool or None")
+            self._sbx_die_with_parent = die_with_parent
+        super().__init__(args, *popenargs, **kwargs)
+
+    def _sbx_prepare(self, limits: Any, policy: Any, user: Any) -> None:
+        """Validate and plan; raises before any process starts."""
+        self.limits = Limits.coerce(limits)
+        self.policy = Policy.coerce(policy)
+        p = self._sbx_plan = plan(self.limits, self.policy, uid=_target_uid(user))
+        if p.downgrades:
+            if self.policy is not None and self.policy.strict:
+                raise UnsupportedError(p.downgrades)
+            warn_downgrades(p, stacklevel=4)
+
+    @property
+    def sandbox_id(self) -> str:
+        """A short id, unique in this process, for logs and audit events."""
+        if self._sbx_id is None:
+            self._sbx_id = f"{os.getpid():x}-{next(_ids)}"
+        return self._sbx_id
+
+    # -- the child --------------------------------------------------------
+
+    def _execute_child(  # type: ignore[override]
+        self,
+        args: Any,
+        executable: Any,
+        preexec_fn: Any,
+        close_fds: bool,
+        pass_fds: Any,
+        cwd: Any,
+        env: Any,
+        startupinfo: Any,
+        creationflags: int,
+        shell: bool,
+        p2cread: int,
+        p2cwrite: int,
+        c2pread: int,
+        c2pwrite: int,
+        errread: int,
+        errwrite: int,
+        restore_signals: bool,
+        gid: int | None,
+        gids: Any,
+        uid: int | None,
+        umask: int,
+        start_new_session: bool,
+        process_group: int,
+    ) -> None:
+        if isinstance(args, (str, bytes)):
+            args = [args]
+        elif isinstance(args, os.PathLike):
+            if shell:
+                raise TypeError("path-like args is not allowed when shell is true")
+            args = [args]
+        else:
+            args = list(args)
+        if shell:
+            args = ["/bin/sh", "-c", *args]
+            if executable:
+                args[0] = executable
+        if executable is None:
+            executable = args[0]
+        sys.audit("subprocess.Popen", executable, args, cwd, env)
+
+        p = self._sbx_plan
+        if p.active and self.policy is not None:
+            env = self.policy.filter_env(os.environ if env is None else env)
+        env_list = None
+        if env is not None:
+            env_list = []
+            for k, v in env.items():
+                k = os.fsencode(k)
+                if b"=" in k:
+                    raise ValueError("illegal environment variable name")
+                env_list.append(k + b"=" + os.fsencode(v))
+        exe = os.fsencode(executable)
+        if b"/" in exe:
+            exec_paths: tuple[bytes, ...] = (exe,)
+        else:
+            exec_paths = resolve_executable(
+                exe,
+                executable,
+                env,
+                child_decides=(cwd is not None or uid is not None or gid is not None),
+            )
+
+        # What subprocess's _close_pipe_fds would close; the core closes them
+        # right after the child is made, on every path.
+        devnull = getattr(self, "_devnull", -1)
+        close_after = [devnull]
+        if p2cread != -1 and p2cwrite != -1 and p2cread != devnull:
+            close_after.append(p2cread)
+        if c2pwrite != -1 and c2pread != -1 and c2pwrite != devnull:
+            close_after.append(c2pwrite)
+        if errwrite != -1 and errread != -1 and errwrite != devnull:
+            close_after.append(errwrite)
+
+        pgid = process_group
+        pdeathsig = 0
+        pumps: list[Pump] = []
+        child_out, child_err = c2pwrite, errwrite
+        if p.active:
+            if not start_new_session and process_group == -1:
+                pgid = 0  # lead a group of our own: the tree we can end
+            die = self._sbx_die_with_parent
+            if die is None:
+                die = threading.current_thread() is threading.main_thread()
+            pdeathsig = signal.SIGKILL if die else 0
+            if p.output is not None:
+                try:
+                    child_out, child_err = self._sbx_make_pumps(
+                        pumps, close_after, c2pread, c2pwrite, errread, errwrite, devnull
+                    )
+                except BaseException:
+                    for pump in pumps:
+                        pump.discard()
+                    for fd in close_after[close_after.index(devnull) + 1 :]:
+                        if fd not in (p2cread, c2pwrite, errwrite):
+                            os.close(fd)
+                    raise
+        fail_step, fail_errno = _spawn_mod._fail_at or (0, 0)
+
+        self._sbx_start = time.monotonic()
+        self._closed_child_pipe_fds = True  # the core closes them from here on
+        try:
+            pid, failure = _core.spawn(
+                exec_paths,
+                args,
+                env_list,
+                cwd,
+                p2cread,
+                child_out,
+                child_err,
+                close_fds,
+                sorted(set(pass_fds)) if pass_fds else (),
+                close_after,
+                restore_signals,
+                start_new_session,
+                pgid,
+                gids,
+                -1 if gid is None else gid,
+                -1 if uid is None else uid,
+                umask,
+                p.rlimits,
+                pdeathsig,
+                p.no_new_privs,
+                preexec_fn,
+                fail_step,
+                fail_errno,
+            )
+        except BaseException:
+            for pump in pumps:
+                pump.discard()
+            raise
+        if failure is not None:
+            for pump in pumps:
+                pump.discard()
+            step, err_no, detail, status = failure
+            self.returncode = os.waitstatus_to_exitcode(status) if status else 0
+            raise child_error(step, err_no, detail, executable=executable, cwd=cwd)
+
+        self.pid = pid
+        self._child_created = True
+        if start_new_session or pgid == 0:
+            self._sbx_pgid = pid
+            if p.active:
+                self._sbx_tree_pgid = pid
+        if p.needs_monitor or pumps:
+            self._sbx_supervise(pid, pumps)
+
+    def _sbx_supervise(self, pid: int, pumps: list[Pump]) -> None:
+        p = self._sbx_plan
+        monitor = get_monitor()
+        watch = self._sbx_watch = Watch(
+            pid=pid,
+            pgid=self._sbx_tree_pgid,
+            start=self._sbx_start,
+            wall_time=p.wall_time,
+            memory=p.watch_memory,
+            pids=p.watch_pids,
+            grace=p.kill_grace,
+            interval=self._sbx_interval,
+        )
+        for pump in pumps:
+            pump.watch = watch
+            monitor.add_pump(pump)
+        if p.needs_monitor:
+            monitor.register(watch)
+
+    def _sbx_make_pumps(
+        self,
+        pumps: list[Pump],
+        close_after: list[int],
+        c2pread: int,
+        c2pwrite: int,
+        errread: int,
+        errwrite: int,
+        devnull: int,
+    ) -> tuple[int, int]:
+        """Put a pump between the child and each capped stream; returns the
+        fds the child writes to.  The pipes' write ends join close_after."""
+        child_out = c2pwrite
+        out = self._sbx_pump_for(c2pwrite, c2pread != -1, devnull, 1, "stdout")
+        if out is not None:
+            pumps.append(out[0])
+            close_after.append(out[1])
+            child_out = out[1]
+        if errwrite == c2pwrite or (c2pwrite == -1 and errwrite == 1):
+            return child_out, child_out  # stderr=STDOUT: one stream
+        child_err = errwrite
+        err = self._sbx_pump_for(errwrite, errread != -1, devnull, 2, "stderr")
+        if err is not None:
+            pumps.append(err[0])
+            close_after.append(err[1])
+            child_err = err[1]
+        return child_out, child_err
+
+    def _sbx_pump_for(
+        self, target: int, is_pipe: bool, devnull: int | None, inherited: int, stream: str
+    ) -> tuple[Pump, int] | None:
+        """A pump from a new pipe to the stream's destination; None when the
+        stream goes to /dev/null (nothing to cap)."""
+        if target != -1 and target == devnull:
+            return None
+        p = self._sbx_plan
+        assert p.output is not None
+        monitor = get_monitor()
+        dst = os.dup(inherited if target == -1 else target)
+        r = w = -1
+        try:
+            r, w = os.pipe()
+            # The watch is attached once the pid is known.
+            pump = Pump(
+                monitor,
+                None,
+                r,
+                dst,
+                owned_dst=is_pipe,
+                cap=p.output,
+                truncate=p.truncate_output,
+                stream=stream,
+            )
+        except BaseException:
+            for fd in (dst, r, w):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        return pump, w
+
+    # -- reaping ----------------------------------------------------------
+
+    def _try_wait(
+        self,
+        wait_flags: int,
+        _waitid: Any = os.waitid,
+        _wait4: Any = os.wait4,
+        _P_PID: int = os.P_PID,
+        _WNOWAIT: int = os.WEXITED | os.WNOWAIT,
+        _WNOHANG: int = os.WNOHANG,
+        _monotonic: Any = time.monotonic,
+    ) -> tuple[int, int]:
+        """All callers hold self._waitpid_lock (as in subprocess).
+
+        For a sandbox, wait for the exit *without* reaping first: while the
+        leader is a zombie its process group id cannot be reused, so killing
+        what it left behind in the group is safe.  Then reap with wait4 for
+        the rusage.
+        """
+        if self._sbx_tree_pgid > 0 or self._sbx_watch is not None:
+            try:
+                info = _waitid(_P_PID, self.pid, _WNOWAIT | (wait_flags & _WNOHANG))
+            except ChildProcessError:
+                info = True
+            if info is None:
+                return (0, 0)
+            self._sbx_leader_exited(_monotonic())
+        try:
+            pid, sts, rusage = _wait4(self.pid, wait_flags)
+        except ChildProcessError:
+            # SIGCHLD ignored or reaped elsewhere: status unknown.
+            return (self.pid, 0)
+        if pid == self.pid:
+            self._sbx_rusage = rusage
+            if self._sbx_end is None:
+                self._sbx_end = _monotonic()
+        return (pid, sts)
+
+    def _sbx_leader_exited(self, now: float) -> None:
+        w = self._sbx_watch
+        if w is not None:
+            get_monitor().unregister(w)
+            if w.exited_at is not None:
+                now = min(now, w.exited_at)
+        if self._sbx_end is None:
+            self._sbx_end = now
+        if self._sbx_tree_pgid > 0:
+            try:
+                os.killpg(self._sbx_tree_pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _internal_poll(
+        self,
+        _deadstate: Any = None,
+        _WNOHANG: int = os.WNOHANG,
+        _ECHILD: int = errno.ECHILD,
+    ) -> int | None:
+        # subprocess's version calls waitpid directly; route it through
+        # _try_wait so rusage and leftovers are handled on every path.
+        if self.returncode is None:
+            if not self._waitpid_lock.acquire(False):
+                return None
+            try:
+                if self.returncode is not None:
+                    return self.returncode  # type: ignore[no-any-return]
+                pid, sts = self._try_wait(_WNOHANG)
+                if pid == self.pid:
+                    self._handle_exitstatus(sts)
+            except OSError as e:
+                if _deadstate is not None:
+                    self.returncode = _deadstate
+                elif e.errno == _ECHILD:
+                    self.returncode = 0
+            finally:
+                self._waitpid_lock.release()
+        return self.returncode  # type: ignore[no-any-return]
+
+    def __exit__(self, exc_type: Any, value: Any, traceback: Any) -> None:
+        try:
+            super().__exit__(exc_type, value, traceback)
+        finally:
+            # subprocess leaves the child running on KeyboardInterrupt; a
+            # sandbox must not outlive its with-block.
+            if self._sbx_plan.active and self._child_created and self.returncode is None:
+                self.kill_tree(grace=0)
+
+    # -- sbxlimit's additions ---------------------------------------------
+
+    @property
+    def enforced(self) -> dict[str, str]:
+        """For each limit and protection asked for, the mechanism that holds
+        it (``"rlimit:RLIMIT_CPU"``, ``"watchdog:wall_time"``), or
+        ``"unenforced: <why>"``."""
+        return dict(self._sbx_plan.enforced)
+
+    def kill_tree(self, grace: float | None = None) -> None:
+        """End the program and everything it started, then reap it.
+
+        SIGTERM to the whole tree (its process group and every descendant),
+        SIGKILL after `grace` seconds (default: ``limits.kill_grace``, else
+        5; 0 sends SIGKILL at once).  Processes that left the tree by
+        double-forking *and* changing session cannot be found without a
+        cgroup (docs/SECURITY.md).
+        """
+        if grace is None:
+            grace = self.limits.kill_grace if self.limits is not None else 5.0
+        grace = parse_seconds("grace", grace, allow_zero=True)
+        if not self._child_created:
+            return
+        if self.poll() is None:
+            signal_tree(self.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL, self._sbx_pgid)
+            try:
+                self.wait(timeout=grace if grace > 0 else None)
+            except subprocess.TimeoutExpired:
+                if self.poll() is None:
+                    signal_tree(self.pid, signal.SIGKILL, self._sbx_pgid)
+                self.wait()
+        if self._sbx_pgid > 0:
+            try:
+                os.killpg(self._sbx_pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def usage(self) -> Usage:
+        """What the sandbox used: live while it runs, final once reaped."""
+        w = self._sbx_watch
+        if self.returncode is None and self._child_created:
+            now = time.monotonic()
+            memory = tasks = None
+            cpu_u = cpu_s = None
+            if _core.HAS_PROCTREE:
+                try:
+                    m, t, _procs, cpu_u, cpu_s, _alive = _core.tree_sample(self.pid)
+                    memory, tasks = m, t
+                    if w is not None:
+                        w.observe(m, t)
+                except OSError:
+                    pass
+            return Usage(
+                cpu_user=cpu_u,
+                cpu_system=cpu_s,
+                memory_now=memory,
+                memory_peak=max(w.memory_peak, memory or 0) if w is not None else memory,
+                pids_now=tasks,
+                pids_peak=max(w.tasks_peak, tasks or 0) if w is not None else tasks,
+                wall=now - self._sbx_start,
+            )
+        return self._sbx_outcome().usage()
+
+    @property
+    def termination(self) -> Termination | None:
+        """How the sandbox ended (None while it runs)."""
+        if self.returncode is None or not self._child_created:
+            return None
+        return self._sbx_outcome().termination()
+
+    def _sbx_outcome(self) -> Outcome:
+        """The final facts, computed into Usage/Termination only when asked."""
+        o = self._sbx_final
+        if o is None:
+            lim = self.limits
+            o = self._sbx_final = Outcome(
+                args=self.args,
+                returncode=self.returncode if self.returncode is not None else 0,
+                rusage=self._sbx_rusage,
+                wall=(self._sbx_end or time.monotonic()) - self._sbx_start,
+                watch=self._sbx_watch,
+                limits=lim,
+                enforced=self._sbx_plan.enforced,
+                created=self._child_created,
+            )
+        return o

@@ -1,0 +1,102 @@
+"""``sbxlimit.run()``: :func:`subprocess.run` with limits, usage and termination."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import LimitExceeded
+from ._limits import Limits
+from ._policy import Policy
+from ._popen import Popen
+from ._termination import Outcome, Termination, Usage
+
+__all__ = ["SandboxResult", "run"]
+
+
+class SandboxResult(subprocess.CompletedProcess):  # type: ignore[type-arg]
+    """A :class:`subprocess.CompletedProcess` plus what the sandbox used
+    (``usage``), how it ended (``termination``) and what held each limit
+    (``enforced``)."""
+
+    def __init__(
+        self,
+        args: Any,
+        returncode: int,
+        stdout: Any = None,
+        stderr: Any = None,
+        *,
+        outcome: Outcome,
+    ) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self._outcome = outcome
+
+    @property
+    def usage(self) -> Usage:
+        """What the sandbox used (final figures)."""
+        return self._outcome.usage()
+
+    @property
+    def termination(self) -> Termination:
+        """How it ended: reason, limit, observed, mechanism, message."""
+        return self._outcome.termination()
+
+    @property
+    def enforced(self) -> dict[str, str]:
+        """For each limit and protection asked for, what held it."""
+        return dict(self._outcome.enforced)
+
+    def check_returncode(self) -> None:
+        """Raise LimitExceeded if a limit ended the program, else
+        CalledProcessError for a non-zero status."""
+        if self.termination.is_limit:
+            raise LimitExceeded(self.termination, self.args, self.stdout, self.stderr)
+        super().check_returncode()
+
+
+def run(
+    *popenargs: Any,
+    input: Any = None,
+    capture_output: bool = False,
+    timeout: float | None = None,
+    check: bool = False,
+    limits: Limits | Mapping[str, Any] | None = None,
+    policy: Policy | Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> SandboxResult:
+    """Run a command in a sandbox and wait for it; as :func:`subprocess.run`.
+
+    Returns a :class:`SandboxResult`.  With ``check=True`` a limit hit raises
+    :class:`LimitExceeded` (a :class:`subprocess.CalledProcessError`), any
+    other non-zero exit :class:`subprocess.CalledProcessError`.  On
+    ``timeout`` (or any exception) the whole tree is killed, not only the
+    first process, before the exception propagates.
+    """
+    if input is not None:
+        if kwargs.get("stdin") is not None:
+            raise ValueError("stdin and input arguments may not both be used.")
+        kwargs["stdin"] = subprocess.PIPE
+    if capture_output:
+        if kwargs.get("stdout") is not None or kwargs.get("stderr") is not None:
+            raise ValueError("stdout and stderr arguments may not be used with capture_output.")
+        kwargs["stdout"] = subprocess.PIPE
+        kwargs["stderr"] = subprocess.PIPE
+
+    with Popen(*popenargs, limits=limits, policy=policy, **kwargs) as process:
+        try:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill_tree(grace=0)
+            raise
+        except BaseException:
+            process.kill_tree(grace=0)
+            raise
+        retcode = process.poll()
+    assert retcode is not None
+    result = SandboxResult(
+        process.args, retcode, stdout, stderr, outcome=process._sbx_outcome()
+    )
+    if check:
+        result.check_returncode()
+    return result

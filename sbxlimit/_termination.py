@@ -1,0 +1,338 @@
+"""How a sandbox ended and what it used: ``Termination`` and ``Usage``.
+
+``classify`` is the one place that decides the reason from the evidence: the
+wait status, the rusage, and what the supervisor did (its kill record).
+Messages are for people: which limit, how much was used, by which mechanism,
+what to do.  They never contain argv beyond the program's name, environment
+values or program output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal as _signal
+import sys
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ._units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from ._limits import Limits
+    from ._monitor import Watch
+
+__all__ = [
+    "LIMIT_REASONS",
+    "REASONS",
+    "KillRecord",
+    "Outcome",
+    "Termination",
+    "Usage",
+    "classify",
+    "program_name",
+]
+
+REASONS = (
+    "exited",
+    "signaled",
+    "memory",
+    "cpu_time",
+    "cpu",
+    "pids",
+    "file_size",
+    "disk",
+    "wall_time",
+    "output",
+)
+# Reasons that mean "a limit ended it"; run(check=True) raises LimitExceeded.
+LIMIT_REASONS = frozenset({"memory", "cpu_time", "pids", "file_size", "disk", "wall_time", "output"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """What a sandbox used.  Live while it runs (``Popen.usage()``), final after.
+
+    ``None`` means "not measured here" (e.g. disk before workspaces exist).
+    CPU and memory peaks after exit come from ``wait4`` rusage (the program
+    and the descendants it waited for) and the supervisor's samples.
+    """
+
+    cpu_user: float | None = None
+    cpu_system: float | None = None
+    memory_now: int | None = None
+    memory_peak: int | None = None
+    pids_now: int | None = None
+    pids_peak: int | None = None
+    disk: int | None = None
+    wall: float = 0.0
+
+    @property
+    def cpu_total(self) -> float | None:
+        """User + system CPU seconds."""
+        if self.cpu_user is None or self.cpu_system is None:
+            return None
+        return self.cpu_user + self.cpu_system
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["cpu_total"] = self.cpu_total
+        return d
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KillRecord:
+    """The supervisor's note of why it ended a sandbox (first kill wins)."""
+
+    reason: str
+    limit: float | int | None
+    observed: float | int | None
+    mechanism: str
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Termination:
+    """How a sandbox ended.
+
+    Attributes:
+        reason: one of ``exited``, ``signaled``, ``memory``, ``cpu_time``,
+            ``cpu`` (never a kill reason: throttling only), ``pids``,
+            ``file_size``, ``disk``, ``wall_time``, ``output``.
+        limit: the limit that ended it (bytes, seconds, count), else None.
+        observed: how much was used when it ended, else None.
+        mechanism: what held the limit (``"rlimit:RLIMIT_CPU"``), else None.
+        message: one paragraph for people: what, how much, what to do.
+        returncode: as ``Popen.returncode`` (negative: killed by that signal).
+        signal: the signal that ended the program, if one did.
+        hits: every limit that was hit at least once (the program may have
+            survived some: a truncated output, a refused fork).
+    """
+
+    reason: str
+    limit: float | int | None
+    observed: float | int | None
+    mechanism: str | None
+    message: str
+    returncode: int | None
+    signal: int | None = None
+    hits: tuple[str, ...] = ()
+
+    @property
+    def is_limit(self) -> bool:
+        """True when a limit ended the program."""
+        return self.reason in LIMIT_REASONS
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["hits"] = list(self.hits)
+        return d
+
+
+def program_name(args: Any) -> str:
+    """The program's name only, for messages: argv beyond it may hold secrets."""
+    if isinstance(args, (str, bytes)):
+        words = os.fsdecode(args).split()
+        first = words[0] if words else ""
+    elif isinstance(args, os.PathLike):
+        first = os.fsdecode(args)
+    else:
+        first = os.fsdecode(args[0]) if args else ""
+    name = os.path.basename(first)
+    return f"`{name}`" if name else "the program"
+
+
+def _signame(sig: int) -> str:
+    try:
+        return _signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _amount(reason: str, value: float | int | None) -> str:
+    if value is None:
+        return "an unknown amount"
+    if reason in ("memory", "output", "file_size", "disk"):
+        return format_bytes(value)
+    if reason in ("cpu_time", "wall_time"):
+        return format_seconds(float(value))
+    return str(int(value))
+
+
+_ADVICE = {
+    "memory": "If it legitimately needs more, raise Limits.memory; otherwise look for a "
+    "leak or an unbounded buffer.",
+    "cpu_time": "Raise Limits.cpu_time if the work is expected to take longer, or look for "
+    "an endless loop.",
+    "wall_time": "Raise Limits.wall_time if the work is expected to take longer, or make "
+    "the program finish (or stop waiting) sooner.",
+    "output": "Raise Limits.output, write bulk data to a file instead, or pass "
+    "truncate_output=True to keep it running with the rest discarded.",
+    "file_size": "Raise Limits.file_size if such files are expected, or make the program "
+    "write less.",
+    "pids": "Raise Limits.pids if it needs more processes or threads; a program that "
+    "forks without bound is a bug.",
+    "disk": "Raise Limits.disk, or have the program clean up what it writes.",
+}
+
+
+def _limit_message(
+    program: str, reason: str, limit: Any, observed: Any, mechanism: str, detail: str
+) -> str:
+    used, cap = _amount(reason, observed), _amount(reason, limit)
+    what = {
+        "memory": f"{program} was killed after using {used} of memory; its limit is {cap}",
+        "cpu_time": f"{program} was stopped after {used} of CPU time; its limit is {cap}",
+        "wall_time": f"{program} was still running after {used} and was terminated; "
+        f"its limit is {cap}",
+        "output": f"{program} wrote {used} to {detail or 'its output'}; its limit is {cap}, "
+        "so capture stopped there and the sandbox was killed",
+        "file_size": f"{program} tried to write a file larger than its limit of {cap} and "
+        "was stopped by SIGXFSZ",
+        "pids": f"{program} ran {used} processes and threads; its limit is {cap}, so the "
+        "sandbox was killed",
+        "disk": f"{program} wrote {used} into its workspace; its limit is {cap}",
+    }[reason]
+    return f"{what} ({mechanism}). {_ADVICE[reason]}"
+
+
+def classify(
+    *,
+    program: str,
+    returncode: int,
+    cpu_time_limit: float | None,
+    file_size_limit: int | None,
+    memory_limit: int | None,
+    enforced: dict[str, str],
+    usage: Usage,
+    kill: KillRecord | None,
+    hits: Iterable[str] = (),
+) -> Termination:
+    """Decide why a sandbox ended, from evidence only."""
+    hit = set(hits)
+    sig = -returncode if returncode < 0 else None
+    cpu_used = usage.cpu_total
+
+    def ended(reason: str, limit: Any, observed: Any, mechanism: str, detail: str = "") -> Termination:
+        hit.add(reason)
+        return Termination(
+            reason=reason,
+            limit=limit,
+            observed=observed,
+            mechanism=mechanism,
+            message=_limit_message(program, reason, limit, observed, mechanism, detail),
+            returncode=returncode,
+            signal=sig,
+            hits=tuple(r for r in REASONS if r in hit),
+        )
+
+    # What the supervisor did is the strongest evidence: it acted first.
+    if kill is not None:
+        return ended(kill.reason, kill.limit, kill.observed, kill.mechanism, kill.detail)
+    if sig is not None and cpu_time_limit is not None:
+        mech = enforced.get("cpu_time", "rlimit:RLIMIT_CPU")
+        if sig == _signal.SIGXCPU:
+            return ended("cpu_time", cpu_time_limit, cpu_used, mech)
+        # The hard limit (soft + 1 s) kills with SIGKILL a program that
+        # caught or ignored SIGXCPU; rusage proves the CPU was used.
+        if sig == _signal.SIGKILL and cpu_used is not None and cpu_used >= cpu_time_limit:
+            return ended("cpu_time", cpu_time_limit, cpu_used, mech)
+    if sig is not None and file_size_limit is not None and sig == _signal.SIGXFSZ:
+        return ended("file_size", file_size_limit, None, enforced.get("file_size", "rlimit:RLIMIT_FSIZE"))
+
+    hits_t = tuple(r for r in REASONS if r in hit)
+    if sig is not None:
+        message = f"{program} was killed by {_signame(sig)} ({sig})."
+        if sig == _signal.SIGKILL:
+            message += (
+                " Nothing in sbxlimit sent it; the kernel's OOM killer or another process may "
+                "have."
+            )
+        return Termination("signaled", None, None, None, message, returncode, sig, hits_t)
+    message = f"{program} exited with status {returncode}."
+    mem_mech = enforced.get("memory", "")
+    if returncode != 0 and memory_limit is not None and "RLIMIT_DATA" in mem_mech:
+        message += (
+            f" Note: each of its processes may allocate at most {format_bytes(memory_limit)} "
+            "(RLIMIT_DATA); past that, allocations fail with ENOMEM, which many programs "
+            "report as an error exit (Python: MemoryError)."
+        )
+    return Termination("exited", None, None, None, message, returncode, None, hits_t)
+
+
+# ru_maxrss is KiB on Linux, bytes on macOS.
+_MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+class Outcome:
+    """The final facts of a reaped sandbox, kept small (no output, no argv)
+    and turned into Usage and Termination only when someone asks."""
+
+    __slots__ = (
+        "_termination",
+        "_usage",
+        "created",
+        "enforced",
+        "args",
+        "limits",
+        "returncode",
+        "rusage",
+        "wall",
+        "watch",
+    )
+
+    def __init__(
+        self,
+        *,
+        args: Any,
+        returncode: int,
+        rusage: Any,
+        wall: float,
+        watch: Watch | None,
+        limits: Limits | None,
+        enforced: dict[str, str],
+        created: bool,
+    ) -> None:
+        self.args = args
+        self.returncode = returncode
+        self.rusage = rusage
+        self.wall = wall
+        self.watch = watch
+        self.limits = limits
+        self.enforced = enforced
+        self.created = created
+        self._usage: Usage | None = None
+        self._termination: Termination | None = None
+
+    def usage(self) -> Usage:
+        if self._usage is None:
+            ru, w = self.rusage, self.watch
+            peak = ru.ru_maxrss * _MAXRSS_UNIT if ru is not None else None
+            if w is not None and w.memory_peak:
+                peak = max(peak or 0, w.memory_peak)
+            self._usage = Usage(
+                cpu_user=ru.ru_utime if ru is not None else None,
+                cpu_system=ru.ru_stime if ru is not None else None,
+                memory_now=0 if self.created else None,
+                memory_peak=peak,
+                pids_now=0 if self.created else None,
+                pids_peak=(w.tasks_peak or None) if w is not None else None,
+                wall=self.wall,
+            )
+        return self._usage
+
+    def termination(self) -> Termination:
+        if self._termination is None:
+            w, lim = self.watch, self.limits
+            self._termination = classify(
+                program=program_name(self.args),
+                returncode=self.returncode,
+                cpu_time_limit=lim.cpu_time if lim else None,
+                file_size_limit=lim.file_size if lim else None,
+                memory_limit=lim.memory if lim else None,
+                enforced=self.enforced,
+                usage=self.usage(),
+                kill=w.kill if w is not None else None,
+                hits=w.hits if w is not None else (),
+            )
+        return self._termination

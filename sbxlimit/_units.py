@@ -1,0 +1,209 @@
+"""Parsing of sizes, durations, CPU rates and counts, Kubernetes style.
+
+Each parser takes the field name (for the error message) and the input, and
+returns the normalised value: bytes (int), seconds (float), millicores (int),
+count (int).  Bad input raises :class:`ConfigError` naming the field and the
+input; nothing here touches the system.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+
+from ._errors import ConfigError
+
+__all__ = [
+    "format_bytes",
+    "format_seconds",
+    "parse_bytes",
+    "parse_count",
+    "parse_millicores",
+    "parse_rate",
+    "parse_seconds",
+]
+
+_BYTE_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKMGTPE]i?)?(B)?\s*$")
+_DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(us|ms|s|m|h|d)")
+_NUMBER_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*$")
+_CPU_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(m)?\s*$")
+_RATE_RE = re.compile(r"^\s*([0-9]+)\s*/\s*(second|sec|s|minute|min|m|hour|h)\s*$")
+_RATE_UNITS = {
+    "second": 1.0,
+    "sec": 1.0,
+    "s": 1.0,
+    "minute": 60.0,
+    "min": 60.0,
+    "m": 60.0,
+    "hour": 3600.0,
+    "h": 3600.0,
+}
+
+
+def _number(field: str, value: object, what: str) -> float:
+    """An int or float that is finite and not a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(field, value, f"expected {what}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(field, value, f"expected a finite {what}")
+    return float(value)
+
+
+def _check_nul(field: str, value: str) -> None:
+    if "\0" in value:
+        raise ConfigError(field, value, "contains a NUL byte")
+
+
+def parse_bytes(field: str, value: object, *, allow_zero: bool = False) -> int:
+    """``512Mi``, ``1G``, ``1.5Gi``, ``4096`` → bytes (rounded up)."""
+    if isinstance(value, str):
+        _check_nul(field, value)
+        m = _SIZE_RE.match(value)
+        if not m:
+            hint = ""
+            if re.match(r"^\s*[0-9.]+\s*m\s*$", value):
+                hint = "; 'm' means milli in Kubernetes units, did you mean 'Mi'?"
+            raise ConfigError(
+                field,
+                value,
+                "not a size; use bytes or a number with Ki, Mi, Gi, Ti (binary) "
+                f"or K, M, G, T (decimal), e.g. '512Mi'{hint}",
+            )
+        amount = float(m.group(1)) * _BYTE_UNITS[m.group(2) or ""]
+    else:
+        amount = _number(field, value, "a size in bytes or a string such as '512Mi'")
+    if amount < 0:
+        raise ConfigError(field, value, "must not be negative")
+    result = math.ceil(amount)
+    if result == 0 and not allow_zero:
+        raise ConfigError(field, value, "must be greater than zero")
+    if result > 2**63 - 1:
+        raise ConfigError(field, value, "is too large")
+    return result
+
+
+def parse_seconds(field: str, value: object, *, allow_zero: bool = False) -> float:
+    """``30s``, ``500ms``, ``2m``, ``1h30m``, ``1.5``, ``timedelta`` → seconds."""
+    if isinstance(value, datetime.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, str):
+        _check_nul(field, value)
+        text = value.strip()
+        if _NUMBER_RE.match(text):
+            seconds = float(text)
+        else:
+            pos, seconds, parts = 0, 0.0, 0
+            for m in _DURATION_PART.finditer(text):
+                if m.start() != pos and text[pos : m.start()].strip():
+                    break
+                seconds += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+                pos, parts = m.end(), parts + 1
+            if parts == 0 or text[pos:].strip():
+                raise ConfigError(
+                    field,
+                    value,
+                    "not a duration; use seconds or a number with ms, s, m, h, "
+                    "e.g. '30s', '500ms', '1h30m'",
+                )
+    else:
+        seconds = _number(field, value, "a duration in seconds or a string such as '30s'")
+    if not math.isfinite(seconds):
+        raise ConfigError(field, value, "must be finite")
+    if seconds < 0:
+        raise ConfigError(field, value, "must not be negative")
+    if seconds == 0 and not allow_zero:
+        raise ConfigError(field, value, "must be greater than zero")
+    return seconds
+
+
+def parse_millicores(field: str, value: object) -> int:
+    """``500m`` → 500, ``1.5`` or ``"1.5"`` → 1500, ``2`` → 2000 (cores, as in Kubernetes)."""
+    if isinstance(value, str):
+        _check_nul(field, value)
+        m = _CPU_RE.match(value)
+        if not m:
+            raise ConfigError(
+                field, value, "not a CPU amount; use cores ('1.5') or millicores ('500m')"
+            )
+        amount = float(m.group(1)) * (1 if m.group(2) else 1000)
+    else:
+        amount = _number(field, value, "a number of cores or a string such as '500m'") * 1000
+    if amount < 0:
+        raise ConfigError(field, value, "must not be negative")
+    result = math.ceil(amount)
+    if result < 1:
+        raise ConfigError(field, value, "must be at least 1m (one thousandth of a core)")
+    return result
+
+
+def parse_count(field: str, value: object, *, minimum: int = 1) -> int:
+    """A whole number of things (processes, descriptors), at least ``minimum``."""
+    if isinstance(value, str):
+        _check_nul(field, value)
+        if not re.match(r"^\s*[0-9]+\s*$", value):
+            raise ConfigError(field, value, "not a whole number")
+        result = int(value)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            result = int(value)
+        else:
+            raise ConfigError(field, value, "expected a whole number")
+    else:
+        result = value
+    if result < minimum:
+        raise ConfigError(field, value, f"must be at least {minimum}")
+    if result > 2**62:
+        raise ConfigError(field, value, "is too large")
+    return result
+
+
+def parse_rate(field: str, value: object) -> tuple[int, float]:
+    """``100/minute`` → (100, 60.0): that many events per that many seconds."""
+    if not isinstance(value, str):
+        raise ConfigError(field, value, "expected a rate such as '100/minute'")
+    _check_nul(field, value)
+    m = _RATE_RE.match(value)
+    if not m:
+        raise ConfigError(field, value, "not a rate; use N/second, N/minute or N/hour")
+    count = int(m.group(1))
+    if count < 1:
+        raise ConfigError(field, value, "must allow at least one call")
+    return count, _RATE_UNITS[m.group(2)]
+
+
+def format_bytes(n: float) -> str:
+    """1536 → '1.5 KiB'; for messages people read."""
+    if n < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        n /= 1024
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if n < 100 else f"{n:.0f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def format_seconds(s: float) -> str:
+    """2.5 → '2.5 s', 0.25 → '250 ms', 90 → '90 s'."""
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s == int(s):
+        return f"{int(s)} s"
+    return f"{s:.1f} s"
