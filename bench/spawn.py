@@ -1,0 +1,88 @@
+"""Spawn cost of sbxlimit against plain subprocess.run.
+
+Runs every variant interleaved (one spawn of each per round, order rotated
+each round), so machine noise hits all of them alike, and reports the median
+time per spawn of /bin/true and its ratio to subprocess.run.  Then repeats the
+comparison from a parent holding 256 MiB resident: fork cost grows with the
+parent's page tables, vfork/CLONE_VM does not.
+
+    python bench/spawn.py [--rounds 400] [--big-mib 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+
+import sbxlimit
+
+TRUE = shutil.which("true") or "/bin/true"
+LIMITS = sbxlimit.Limits(cpu_time=10, open_files=256, file_size="1Gi", memory="1Gi")
+
+
+def _preexec_rlimits() -> None:
+    resource.setrlimit(resource.RLIMIT_CPU, (10, 11))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
+    resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))
+
+
+def variants() -> dict[str, Callable[[], object]]:
+    v: dict[str, Callable[[], object]] = {
+        "subprocess.run": lambda: subprocess.run([TRUE]),
+        "sbxlimit.run": lambda: sbxlimit.run([TRUE]),
+        "sbxlimit.run+4 limits": lambda: sbxlimit.run([TRUE], limits=LIMITS),
+        "subprocess.run+preexec_fn": lambda: subprocess.run([TRUE], preexec_fn=_preexec_rlimits),
+    }
+    prlimit = shutil.which("prlimit")
+    if prlimit:
+        cmd = [prlimit, "--cpu=10:11", "--nofile=256", f"--fsize={1 << 30}", f"--data={1 << 30}", TRUE]
+        v["prlimit CLI"] = lambda: subprocess.run(cmd)
+    return v
+
+
+def measure(rounds: int) -> dict[str, float]:
+    vs = variants()
+    names = list(vs)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for n in names:  # warm up
+        vs[n]()
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            t0 = time.perf_counter()
+            vs[n]()
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def report(title: str, med: dict[str, float]) -> None:
+    base = med["subprocess.run"]
+    print(f"\n{title}")
+    print(f"{'variant':28} {'median':>10} {'ratio':>7}")
+    for n, t in med.items():
+        print(f"{n:28} {t * 1e6:8.0f}us {t / base:6.2f}x")
+    pre = med["subprocess.run+preexec_fn"] / med["sbxlimit.run+4 limits"]
+    print(f"sbxlimit+4 limits is {pre:.1f}x faster than preexec_fn + 4 rlimits")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=400)
+    ap.add_argument("--big-mib", type=int, default=256)
+    a = ap.parse_args()
+    report("parent: this interpreter", measure(a.rounds))
+    ballast = bytearray(a.big_mib << 20)
+    for i in range(0, len(ballast), 4096):  # make it resident
+        ballast[i] = 1
+    report(f"parent: holding {a.big_mib} MiB resident", measure(a.rounds))
+    del ballast
+
+
+if __name__ == "__main__":
+    main()
