@@ -1,7 +1,8 @@
 """Spawn cost of sbxlimit against plain subprocess.run.
 
-Runs every variant interleaved (one spawn of each per round, order rotated
-each round), so machine noise hits all of them alike, and reports the median
+Runs every variant interleaved (one spawn of each per round, in a fresh
+random order each round, so that no variant always follows the one that forks
+the whole interpreter), so machine noise hits all of them alike, and reports the median
 time per spawn of /bin/true and its ratio to subprocess.run.  Then repeats the
 comparison from a parent holding 256 MiB resident: fork cost grows with the
 parent's page tables, vfork/CLONE_VM does not.
@@ -12,6 +13,7 @@ parent's page tables, vfork/CLONE_VM does not.
 from __future__ import annotations
 
 import argparse
+import random
 import resource
 import shutil
 import statistics
@@ -41,7 +43,14 @@ def variants() -> dict[str, Callable[[], object]]:
     }
     prlimit = shutil.which("prlimit")
     if prlimit:
-        cmd = [prlimit, "--cpu=10:11", "--nofile=256", f"--fsize={1 << 30}", f"--data={1 << 30}", TRUE]
+        cmd = [
+            prlimit,
+            "--cpu=10:11",
+            "--nofile=256",
+            f"--fsize={1 << 30}",
+            f"--data={1 << 30}",
+            TRUE,
+        ]
         v["prlimit CLI"] = lambda: subprocess.run(cmd)
     return v
 
@@ -52,8 +61,10 @@ def measure(rounds: int) -> dict[str, float]:
     times: dict[str, list[float]] = {n: [] for n in names}
     for n in names:  # warm up
         vs[n]()
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
+    rng = random.Random(1)
+    for _ in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
         for n in order:
             t0 = time.perf_counter()
             vs[n]()

@@ -177,18 +177,17 @@ static int preexec_hook(void *arg)
     return 0;
 }
 
-PyDoc_STRVAR(spawn_doc,
-             "spawn(exec_paths, argv, envp, cwd, stdin, stdout, stderr, close_fds,\n"
-             "      keep_fds, close_after, restore_signals, new_session, pgid, groups,\n"
-             "      gid, uid, umask, rlimits, pdeathsig, no_new_privs, preexec_fn,\n"
-             "      fail_step, fail_errno, /)\n"
-             "--\n\n"
-             "Start a child as described and wait until it has exec'd or failed.\n"
-             "The fds in close_after are closed before returning, in every case.\n"
-             "Returns (pid, None), or (pid, (step, errno, detail, wait_status)) when\n"
-             "the child failed at `step` (it is reaped by then).  Raises OSError only\n"
-             "for parent-side failures (pipe, clone).  Positional for speed: this is\n"
-             "the hot path; sbxlimit/_core.pyi names every argument.");
+PyDoc_STRVAR(spawn_doc, "spawn(exec_paths, argv, envp, cwd, stdin, stdout, stderr, close_fds,\n"
+                        "      keep_fds, close_after, restore_signals, new_session, pgid, groups,\n"
+                        "      gid, uid, umask, rlimits, pdeathsig, no_new_privs, preexec_fn,\n"
+                        "      fail_step, fail_errno, /)\n"
+                        "--\n\n"
+                        "Start a child as described and wait until it has exec'd or failed.\n"
+                        "The fds in close_after are closed before returning, in every case.\n"
+                        "Returns (pid, None), or (pid, (step, errno, detail, wait_status)) when\n"
+                        "the child failed at `step` (it is reaped by then).  Raises OSError only\n"
+                        "for parent-side failures (pipe, clone).  Positional for speed: this is\n"
+                        "the hot path; sbxlimit/_core.pyi names every argument.");
 
 static void close_all(const int *fds, size_t n)
 {
@@ -219,8 +218,8 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     (void)self;
     memset(&st, 0, sizeof st);
     memset(&spec, 0, sizeof spec);
-    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOlliOipOii:spawn", &exec_paths, &argv, &envp,
-                          &cwd, &fd_in, &fd_out, &fd_err, &close_fds, &keep_fds, &close_after,
+    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOlliOipOii:spawn", &exec_paths, &argv, &envp, &cwd,
+                          &fd_in, &fd_out, &fd_err, &close_fds, &keep_fds, &close_after,
                           &restore_signals, &new_session, &pgid, &groups, &gid, &uid, &umask_,
                           &rlimits, &pdeathsig, &no_new_privs, &preexec_fn, &fail_step,
                           &fail_errno))
@@ -318,10 +317,10 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     if (preexec_fn == Py_None) {
         /* The calling thread is suspended until exec: let others run. */
         Py_BEGIN_ALLOW_THREADS
-        rc = sbx_spawn_start(&spec, &child);
-        if (rc == 0)
-            rc = sbx_spawn_finish(&child, &cerr, &status);
-        saved_errno = errno;
+            rc = sbx_spawn_start(&spec, &child);
+            if (rc == 0)
+                rc = sbx_spawn_finish(&child, &cerr, &status);
+            saved_errno = errno;
         Py_END_ALLOW_THREADS
     } else {
         /* Python runs in the child: fork with the GIL held, as
@@ -334,8 +333,8 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         PyOS_AfterFork_Parent();
         if (rc == 0) {
             Py_BEGIN_ALLOW_THREADS
-            rc = sbx_spawn_finish(&child, &cerr, &status);
-            saved_errno = errno;
+                rc = sbx_spawn_finish(&child, &cerr, &status);
+                saved_errno = errno;
             Py_END_ALLOW_THREADS
         }
     }
@@ -376,7 +375,7 @@ static PyObject *core_tree_sample(PyObject *self, PyObject *arg)
     if (pid == -1 && PyErr_Occurred())
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = sbx_tree_sample((pid_t)pid, &s);
+        rc = sbx_tree_sample((pid_t)pid, &s);
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_tree_sample");
@@ -399,7 +398,7 @@ static PyObject *core_tree_signal(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iii:tree_signal", &pid, &sig, &pgid))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = sbx_tree_signal((pid_t)pid, sig, (pid_t)pgid);
+        rc = sbx_tree_signal((pid_t)pid, sig, (pid_t)pgid);
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_tree_signal");

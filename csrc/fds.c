@@ -120,8 +120,7 @@ static void close_gap_child(const struct sbx_child_ctx *ctx, unsigned lo, unsign
         struct rlimit rl;
         unsigned fd, top = 65536;
 
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-            rl.rlim_cur < top)
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < top)
             top = (unsigned)rl.rlim_cur;
         for (fd = lo; fd <= hi && fd < top; fd++)
             close((int)fd);

@@ -33,7 +33,6 @@ enum sbx_step {
     SBX_STEP_RLIMIT_AS,
     SBX_STEP_RLIMIT_NOFILE,
     SBX_STEP_RLIMIT_NPROC,
-    SBX_STEP_RLIMIT_STACK,
     SBX_STEP_CHDIR,        /* "chdir" */
     SBX_STEP_UMASK,        /* "umask" (cannot fail; here for the test switch) */
     SBX_STEP_SETGROUPS,    /* "setgroups" */

@@ -9,23 +9,22 @@
 /* What the child needs besides the spec; lives in the parent's memory. */
 struct sbx_child_ctx {
     const struct sbx_spec *spec;
-    int errfd;          /* write end of the error pipe, close-on-exec */
+    int errfd;           /* write end of the error pipe, close-on-exec */
     sigset_t saved_mask; /* the spawning thread's mask, restored before exec */
-    int vforked;        /* sharing the parent's memory: reset handlers */
+    int vforked;         /* sharing the parent's memory: reset handlers */
 };
 
 /* Child side: report (step, err, detail) to the parent and _exit(127). */
-_Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err,
-                              int64_t detail);
+_Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err, int64_t detail);
 
 /* Child side: run one step.  The testing switch makes the step fail with the
  * requested errno before the real call is made. */
-#define SBX_CHILD_STEP(ctx, step, detail, call)                                \
-    do {                                                                       \
-        if ((ctx)->spec->fail_step == (step))                                  \
-            sbx_child_fail((ctx), (step), (ctx)->spec->fail_errno, (detail));  \
-        if ((call) < 0)                                                        \
-            sbx_child_fail((ctx), (step), errno, (detail));                    \
+#define SBX_CHILD_STEP(ctx, step, detail, call)                                                    \
+    do {                                                                                           \
+        if ((ctx)->spec->fail_step == (step))                                                      \
+            sbx_child_fail((ctx), (step), (ctx)->spec->fail_errno, (detail));                      \
+        if ((call) < 0)                                                                            \
+            sbx_child_fail((ctx), (step), errno, (detail));                                        \
     } while (0)
 
 /* rlimit.c, child side: set every limit of the spec, in order. */

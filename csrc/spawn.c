@@ -62,7 +62,6 @@ static const char *const step_names[SBX_STEP__COUNT] = {
     [SBX_STEP_RLIMIT_AS] = "rlimit:RLIMIT_AS",
     [SBX_STEP_RLIMIT_NOFILE] = "rlimit:RLIMIT_NOFILE",
     [SBX_STEP_RLIMIT_NPROC] = "rlimit:RLIMIT_NPROC",
-    [SBX_STEP_RLIMIT_STACK] = "rlimit:RLIMIT_STACK",
     [SBX_STEP_CHDIR] = "chdir",
     [SBX_STEP_UMASK] = "umask",
     [SBX_STEP_SETGROUPS] = "setgroups",
@@ -86,8 +85,7 @@ const char *sbx_step_name(int step)
 /* ---- child side: everything below up to sbx_spawn_start runs between
  * fork and exec and is async-signal-safe. -------------------------------- */
 
-_Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err,
-                              int64_t detail)
+_Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err, int64_t detail)
 {
     struct sbx_child_error rec;
     ssize_t n;
@@ -122,8 +120,7 @@ static void reset_handlers_child(const struct sbx_child_ctx *ctx)
         /* libc refuses its internal signals with EINVAL: nothing to do. */
         if (sigaction(sig, NULL, &cur) < 0)
             continue;
-        h = (cur.sa_flags & SA_SIGINFO) ? (void *)cur.sa_sigaction
-                                        : (void *)cur.sa_handler;
+        h = (cur.sa_flags & SA_SIGINFO) ? (void *)cur.sa_sigaction : (void *)cur.sa_handler;
         if (h == (void *)SIG_IGN || h == (void *)SIG_DFL)
             continue;
         (void)sigaction(sig, &dfl, NULL);
@@ -282,8 +279,7 @@ static _Noreturn void child_main(const struct sbx_child_ctx *ctx)
     sbx_fds_keep_child(ctx);
     sbx_fds_close_child(ctx);
     if (ctx->vforked)
-        SBX_CHILD_STEP(ctx, SBX_STEP_SIGMASK, 0,
-                       sigprocmask(SIG_SETMASK, &ctx->saved_mask, NULL));
+        SBX_CHILD_STEP(ctx, SBX_STEP_SIGMASK, 0, sigprocmask(SIG_SETMASK, &ctx->saved_mask, NULL));
     exec_child(ctx);
 }
 
@@ -395,8 +391,8 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
             return -1;
         }
         /* Stacks grow down on every architecture Linux runs us on. */
-        pid = clone(child_entry, (char *)stack + SBX_CHILD_STACK,
-                    CLONE_VM | CLONE_VFORK | SIGCHLD, &ctx);
+        pid = clone(child_entry, (char *)stack + SBX_CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                    &ctx);
         saved_errno = errno;
         (void)pthread_sigmask(SIG_SETMASK, &ctx.saved_mask, NULL);
         if (!stack_cached(stack))

@@ -159,7 +159,11 @@ def _plan(limits: Limits | None, policy: Policy | None, *, uid: int, privileged:
                 " (truncated, not killed)" if limits.truncate_output else ""
             )
         if limits.cpu is not None:
-            _downgrade(p, "cpu", "a CPU rate needs a cgroup (cpu.max), which this version does not manage yet")
+            _downgrade(
+                p,
+                "cpu",
+                "a CPU rate needs a cgroup (cpu.max), which this version does not manage yet",
+            )
         if limits.disk is not None:
             _downgrade(p, "disk", "workspace size caps are not implemented in this version")
 

@@ -40,6 +40,9 @@ class ConfigError(Error, ValueError):
         self.problem = problem
         super().__init__(f"{field}: {problem} (got {value!r})")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.field, self.value, self.problem))
+
 
 class UnsupportedError(Error):
     """``strict=True`` asked for something this machine cannot enforce.
@@ -56,6 +59,9 @@ class UnsupportedError(Error):
             "Hint: run `python -m sbxlimit doctor` to see what this machine supports, "
             "or pass strict=False to run with what it can hold."
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.items,))
 
 
 _STEP_HINTS = {

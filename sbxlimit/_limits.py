@@ -123,7 +123,9 @@ class Limits:
             if unknown:
                 raise ConfigError("limits", sorted(unknown), "unknown Limits field(s)")
             return cls(**value)
-        raise ConfigError("limits", value, "expected sbxlimit.Limits, a dict of its fields, or None")
+        raise ConfigError(
+            "limits", value, "expected sbxlimit.Limits, a dict of its fields, or None"
+        )
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> Limits:
@@ -158,12 +160,16 @@ class Limits:
                 extra = set(entry) - {"limit", "request"}
                 if extra:
                     raise ConfigError(path, entry, f"unknown key(s) {sorted(extra)}")
+                if "request" in entry:  # not enforced, but must be valid
+                    _checked(f"{path}.request", _RESOURCE_KEYS[key], entry["request"])
                 if "limit" not in entry:
                     continue
                 path, entry = f"{path}.limit", entry["limit"]
             values[_RESOURCE_KEYS[key]] = _checked(path, _RESOURCE_KEYS[key], entry)
 
-        duration = execution.get("max_tool_call_duration", MANIFEST_DEFAULTS["max_tool_call_duration"])
+        duration = execution.get(
+            "max_tool_call_duration", MANIFEST_DEFAULTS["max_tool_call_duration"]
+        )
         values["wall_time"] = parse_seconds("execution_limits.max_tool_call_duration", duration)
         for key in execution:
             path = f"execution_limits.{key}"
@@ -188,27 +194,40 @@ class Limits:
         """
         if not isinstance(ceiling, Limits):
             raise ConfigError("ceiling", ceiling, "expected sbxlimit.Limits")
-        changes: dict[str, Any] = {}
+        values: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name == "truncate_output":
-                continue
             mine, theirs = getattr(self, f.name), getattr(ceiling, f.name)
-            if mine is None:
-                changes[f.name] = theirs
-            elif theirs is not None:
-                changes[f.name] = min(mine, theirs)
-        return dataclasses.replace(self, **changes)
+            if f.name == "truncate_output" or theirs is None:
+                values[f.name] = mine
+            elif mine is None:
+                values[f.name] = theirs
+            else:
+                values[f.name] = min(mine, theirs)
+        return self._normalized(values)
+
+    @classmethod
+    def _normalized(cls, values: Mapping[str, Any]) -> Limits:
+        """Build from values that are already normalised (no re-parsing:
+        an int cpu would otherwise be read as cores a second time)."""
+        obj = object.__new__(cls)
+        for name, value in values.items():
+            object.__setattr__(obj, name, value)
+        return obj
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready normalised values (bytes, seconds, millicores, counts)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """JSON-ready normalised values: bytes, seconds, counts, and cpu as a
+        millicore string (``"500m"``), so that ``Limits(**d)`` round-trips."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if d["cpu"] is not None:
+            d["cpu"] = f"{d['cpu']}m"
+        return d
 
     def asked(self) -> dict[str, Any]:
         """Only the fields that limit something (not None, not the knobs)."""
         return {
-            k: v
-            for k, v in self.to_dict().items()
-            if v is not None and k not in ("kill_grace", "truncate_output")
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None and f.name not in ("kill_grace", "truncate_output")
         }
 
 

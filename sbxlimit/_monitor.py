@@ -38,10 +38,12 @@ __all__ = ["Monitor", "Pump", "Watch", "get_monitor", "signal_tree"]
 log = logging.getLogger("sbxlimit")
 
 _PIPE_BUF = 4096
+_HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(select, "epoll")
 # After the last sandbox goes, keep ticking this long before sleeping for
 # good: a burst of spawns then registers without waking the thread.
 _LINGER = 5.0
 _IDLE_TICK = 0.1
+_EXIT_POLL = 0.05
 _MARK = b"\n[sbxlimit: output truncated at %d bytes]\n"
 
 
@@ -85,6 +87,7 @@ class Watch:
         "next_sample",
         "pgid",
         "pid",
+        "pidfd",
         "pids_limit",
         "sigkill_at",
         "start",
@@ -106,6 +109,7 @@ class Watch:
         interval: float,
     ) -> None:
         self.pid = pid
+        self.pidfd = -1  # watched by the monitor for the leader's exit
         self.pgid = pgid  # > 0: the sandbox leads this process group
         self.start = start
         self.wall_time = wall_time
@@ -343,6 +347,14 @@ class Monitor:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        # Leaders' exits: pidfds in an epoll of their own, polled every
+        # _EXIT_POLL while any is registered, not woken on: a sandbox that
+        # ends normally is reaped by its Popen, and waking this thread on
+        # each exit would race that reap for the GIL.  The poll only matters
+        # when a leftover holds an output pipe open after the leader exited.
+        # epoll_ctl is safe from any thread: spawning threads register.
+        self._exits: Any = select.epoll() if _HAS_PIDFD else None
+        self._by_pidfd: dict[int, Watch] = {}
         self._sleep_until = math.inf
         self._last_busy = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="sbxlimit-monitor", daemon=True)
@@ -350,10 +362,27 @@ class Monitor:
 
     # -- any thread -------------------------------------------------------
 
-    def register(self, w: Watch) -> None:
+    def register(self, w: Watch, *, timers: bool) -> None:
+        """Watch a sandbox: its leader's exit (to end what it leaves behind
+        at once, even while a leftover holds its output pipe open) and, with
+        `timers`, its deadlines and samples."""
+        pidfd = -1
+        if self._exits is not None:
+            try:
+                pidfd = os.pidfd_open(w.pid)
+            except OSError:
+                pidfd = -1
+        wake = False
         with self._lock:
-            self._watches.add(w)
-            wake = w.due() < self._sleep_until
+            if timers:
+                self._watches.add(w)
+                wake = w.due() < self._sleep_until
+            if pidfd >= 0:
+                w.pidfd = pidfd
+                self._by_pidfd[pidfd] = w
+                wake = wake or self._sleep_until > w.start + _EXIT_POLL
+        if pidfd >= 0:
+            self._exits.register(pidfd, select.EPOLLIN)
         if wake:
             self._wake()
 
@@ -440,6 +469,22 @@ class Monitor:
 
     # -- monitor thread -----------------------------------------------------
 
+    def _on_exits(self) -> None:
+        for fd, _ev in self._exits.poll(0):
+            with self._lock:
+                w = self._by_pidfd.pop(fd, None)
+                try:
+                    self._exits.unregister(fd)
+                except OSError:
+                    pass
+                os.close(fd)
+                if w is not None:
+                    w.pidfd = -1
+                    # Not done: its Popen has not reaped it (that needs this
+                    # lock), so the zombie still pins the group id.
+                    if not w.done:
+                        self._leader_exited(w)
+
     def _pump_done(self, pump: Pump) -> None:
         self._pumps.discard(pump)
 
@@ -456,10 +501,12 @@ class Monitor:
             new, self._new_pumps = self._new_pumps, []
             now = time.monotonic()
             due = min((w.due() for w in self._watches), default=math.inf)
-            if self._watches:
+            if self._watches or self._by_pidfd:
                 self._last_busy = now
             elif now - self._last_busy < _LINGER:
                 due = now + _IDLE_TICK
+            if self._by_pidfd:
+                due = min(due, now + _EXIT_POLL)
             self._sleep_until = due
         for pump in new:
             self._pumps.add(pump)
@@ -474,6 +521,8 @@ class Monitor:
                     pass
                 continue
             key.data.on_event(key.fd)
+        if self._by_pidfd:
+            self._on_exits()
         with self._lock:
             now = time.monotonic()
             for w in list(self._watches):
@@ -481,7 +530,9 @@ class Monitor:
 
     def close_in_child(self) -> None:
         """After os.fork(): the thread is gone; release what the child inherited."""
-        fds: list[Any] = [self._wake_r, self._wake_w]
+        fds: list[Any] = [self._wake_r, self._wake_w, *self._by_pidfd]
+        if self._exits is not None:
+            self._exits.close()
         for p in list(self._pumps) + self._new_pumps:
             fds += [p.src, p.dst]
         for fd in fds:

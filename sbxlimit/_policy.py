@@ -36,7 +36,7 @@ def _path(field: str, value: object) -> str:
         raise ConfigError(field, value, "contains a NUL byte")
     if not os.path.isabs(text):
         raise ConfigError(field, value, "must be an absolute path")
-    return os.path.normpath(text)
+    return str(os.path.normpath(text))
 
 
 def _paths(field: str, value: object) -> tuple[str, ...]:
@@ -133,7 +133,9 @@ class Policy:
             if unknown:
                 raise ConfigError("policy", sorted(unknown), "unknown Policy field(s)")
             return cls(**value)
-        raise ConfigError("policy", value, "expected sbxlimit.Policy, a dict of its fields, or None")
+        raise ConfigError(
+            "policy", value, "expected sbxlimit.Policy, a dict of its fields, or None"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

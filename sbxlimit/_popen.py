@@ -18,16 +18,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import _core
+from . import _spawn as _spawn_mod
 from ._enforce import Plan, plan, warn_downgrades
 from ._errors import ConfigError, UnsupportedError
 from ._limits import Limits
 from ._monitor import Pump, Watch, get_monitor, signal_tree
 from ._policy import Policy
-from . import _spawn as _spawn_mod
 from ._spawn import child_error, resolve_executable
 from ._termination import Outcome, Termination, Usage
 from ._units import parse_seconds
@@ -91,6 +91,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _sbx_id: str | None = None
     limits: Limits | None = None
     policy: Policy | None = None
+    # subprocess.Popen's private members we rely on (3.11-3.13).
+    _waitpid_lock: threading.Lock
+    _handle_exitstatus: Callable[[int], None]
 
     def __init__(
         self,
@@ -133,7 +136,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
     # -- the child --------------------------------------------------------
 
-    def _execute_child(  # type: ignore[override]
+    def _execute_child(
         self,
         args: Any,
         executable: Any,
@@ -278,7 +281,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             self._sbx_pgid = pid
             if p.active:
                 self._sbx_tree_pgid = pid
-        if p.needs_monitor or pumps:
+        # The supervisor is needed for timers and samples, for pumps, and to
+        # end leftovers at once when someone reads the output: a leftover
+        # holding the pipe would otherwise keep communicate() waiting.
+        if p.needs_monitor or pumps or (p.active and (c2pread != -1 or errread != -1)):
             self._sbx_supervise(pid, pumps)
 
     def _sbx_supervise(self, pid: int, pumps: list[Pump]) -> None:
@@ -297,8 +303,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         for pump in pumps:
             pump.watch = watch
             monitor.add_pump(pump)
-        if p.needs_monitor:
-            monitor.register(watch)
+        monitor.register(watch, timers=p.needs_monitor)
 
     def _sbx_make_pumps(
         self,
@@ -425,7 +430,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 return None
             try:
                 if self.returncode is not None:
-                    return self.returncode  # type: ignore[no-any-return]
+                    return self.returncode
                 pid, sts = self._try_wait(_WNOHANG)
                 if pid == self.pid:
                     self._handle_exitstatus(sts)
@@ -436,7 +441,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     self.returncode = 0
             finally:
                 self._waitpid_lock.release()
-        return self.returncode  # type: ignore[no-any-return]
+        return self.returncode
 
     def __exit__(self, exc_type: Any, value: Any, traceback: Any) -> None:
         try:

@@ -94,9 +94,7 @@ def run(
             raise
         retcode = process.poll()
     assert retcode is not None
-    result = SandboxResult(
-        process.args, retcode, stdout, stderr, outcome=process._sbx_outcome()
-    )
+    result = SandboxResult(process.args, retcode, stdout, stderr, outcome=process._sbx_outcome())
     if check:
         result.check_returncode()
     return result

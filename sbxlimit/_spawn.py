@@ -111,9 +111,7 @@ def _setup_error_class(err: int) -> type[SandboxSetupError]:
     return cls
 
 
-def child_error(
-    step: str, err: int, detail: int, *, executable: Any, cwd: Any
-) -> BaseException:
+def child_error(step: str, err: int, detail: int, *, executable: Any, cwd: Any) -> BaseException:
     """The exception for a child that failed at `step` with `err`."""
     message = os.strerror(err) if err else ""
     if step == "exec":

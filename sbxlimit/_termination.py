@@ -10,9 +10,9 @@ values or program output.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal as _signal
 import sys
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,9 @@ REASONS = (
     "output",
 )
 # Reasons that mean "a limit ended it"; run(check=True) raises LimitExceeded.
-LIMIT_REASONS = frozenset({"memory", "cpu_time", "pids", "file_size", "disk", "wall_time", "output"})
+LIMIT_REASONS = frozenset(
+    {"memory", "cpu_time", "pids", "file_size", "disk", "wall_time", "output"}
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -213,7 +215,9 @@ def classify(
     sig = -returncode if returncode < 0 else None
     cpu_used = usage.cpu_total
 
-    def ended(reason: str, limit: Any, observed: Any, mechanism: str, detail: str = "") -> Termination:
+    def ended(
+        reason: str, limit: Any, observed: Any, mechanism: str, detail: str = ""
+    ) -> Termination:
         hit.add(reason)
         return Termination(
             reason=reason,
@@ -238,15 +242,16 @@ def classify(
         if sig == _signal.SIGKILL and cpu_used is not None and cpu_used >= cpu_time_limit:
             return ended("cpu_time", cpu_time_limit, cpu_used, mech)
     if sig is not None and file_size_limit is not None and sig == _signal.SIGXFSZ:
-        return ended("file_size", file_size_limit, None, enforced.get("file_size", "rlimit:RLIMIT_FSIZE"))
+        return ended(
+            "file_size", file_size_limit, None, enforced.get("file_size", "rlimit:RLIMIT_FSIZE")
+        )
 
     hits_t = tuple(r for r in REASONS if r in hit)
     if sig is not None:
         message = f"{program} was killed by {_signame(sig)} ({sig})."
         if sig == _signal.SIGKILL:
             message += (
-                " Nothing in sbxlimit sent it; the kernel's OOM killer or another process may "
-                "have."
+                " Nothing in sbxlimit sent it; the kernel's OOM killer or another process may have."
             )
         return Termination("signaled", None, None, None, message, returncode, sig, hits_t)
     message = f"{program} exited with status {returncode}."
@@ -271,9 +276,9 @@ class Outcome:
     __slots__ = (
         "_termination",
         "_usage",
+        "args",
         "created",
         "enforced",
-        "args",
         "limits",
         "returncode",
         "rusage",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+from decimal import ROUND_CEILING, Decimal
 
 from ._errors import ConfigError
 
@@ -40,6 +41,7 @@ _BYTE_UNITS = {
     "Pi": 2**50,
     "Ei": 2**60,
 }
+_MAX_INT = 2**63 - 1
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKMGTPE]i?)?(B)?\s*$")
 _DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(us|ms|s|m|h|d)")
@@ -58,13 +60,23 @@ _RATE_UNITS = {
 }
 
 
-def _number(field: str, value: object, what: str) -> float:
-    """An int or float that is finite and not a bool."""
+def _number(field: str, value: object, what: str) -> Decimal:
+    """An int or float that is finite and not a bool, as an exact Decimal
+    (a float is taken at its shortest repr: 0.1 is 0.1, not 0.1000...0555)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, value, f"expected {what}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(field, value, f"expected a finite {what}")
-    return float(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(field, value, f"expected a finite {what}")
+        return Decimal(repr(value))
+    return Decimal(value)
+
+
+def _ceil(field: str, value: object, amount: Decimal, limit: int) -> int:
+    """Round up to a whole number, refusing what does not fit in `limit`."""
+    if amount > limit:
+        raise ConfigError(field, value, "is too large")
+    return int(amount.to_integral_value(rounding=ROUND_CEILING))
 
 
 def _check_nul(field: str, value: str) -> None:
@@ -87,16 +99,14 @@ def parse_bytes(field: str, value: object, *, allow_zero: bool = False) -> int:
                 "not a size; use bytes or a number with Ki, Mi, Gi, Ti (binary) "
                 f"or K, M, G, T (decimal), e.g. '512Mi'{hint}",
             )
-        amount = float(m.group(1)) * _BYTE_UNITS[m.group(2) or ""]
+        amount = Decimal(m.group(1)) * _BYTE_UNITS[m.group(2) or ""]
     else:
         amount = _number(field, value, "a size in bytes or a string such as '512Mi'")
     if amount < 0:
         raise ConfigError(field, value, "must not be negative")
-    result = math.ceil(amount)
+    result = _ceil(field, value, amount, _MAX_INT)
     if result == 0 and not allow_zero:
         raise ConfigError(field, value, "must be greater than zero")
-    if result > 2**63 - 1:
-        raise ConfigError(field, value, "is too large")
     return result
 
 
@@ -124,7 +134,7 @@ def parse_seconds(field: str, value: object, *, allow_zero: bool = False) -> flo
                     "e.g. '30s', '500ms', '1h30m'",
                 )
     else:
-        seconds = _number(field, value, "a duration in seconds or a string such as '30s'")
+        seconds = float(_number(field, value, "a duration in seconds or a string such as '30s'"))
     if not math.isfinite(seconds):
         raise ConfigError(field, value, "must be finite")
     if seconds < 0:
@@ -143,12 +153,12 @@ def parse_millicores(field: str, value: object) -> int:
             raise ConfigError(
                 field, value, "not a CPU amount; use cores ('1.5') or millicores ('500m')"
             )
-        amount = float(m.group(1)) * (1 if m.group(2) else 1000)
+        amount = Decimal(m.group(1)) * (1 if m.group(2) else 1000)
     else:
         amount = _number(field, value, "a number of cores or a string such as '500m'") * 1000
     if amount < 0:
         raise ConfigError(field, value, "must not be negative")
-    result = math.ceil(amount)
+    result = _ceil(field, value, amount, _MAX_INT)
     if result < 1:
         raise ConfigError(field, value, "must be at least 1m (one thousandth of a core)")
     return result

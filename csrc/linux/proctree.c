@@ -31,8 +31,8 @@
 #define SYS_pidfd_send_signal 424
 #endif
 
-#define TREE_MAX 65536      /* processes followed per call */
-#define KILL_ROUNDS 64      /* stop-and-rewalk rounds for SIGKILL */
+#define TREE_MAX    65536 /* processes followed per call */
+#define KILL_ROUNDS 64    /* stop-and-rewalk rounds for SIGKILL */
 
 struct pidvec {
     pid_t *pid;

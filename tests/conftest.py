@@ -1,0 +1,92 @@
+"""Shared fixtures.  A session-level check proves the suite leaks nothing:
+no process left behind, no file descriptor, no temp entry of ours."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import pytest
+
+PY = sys.executable
+
+
+def _children(pid: int) -> set[int]:
+    """Descendants of pid, through /proc/PID/task/*/children."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = {int(x) for x in f.read().split()}
+            except OSError:
+                continue
+            todo += list(kids - found)
+            found |= kids
+    return found
+
+
+def _fds() -> set[int]:
+    return {int(x) for x in os.listdir("/proc/self/fd")}
+
+
+def _temp_entries() -> set[str]:
+    tmp = tempfile.gettempdir()
+    return {e for e in os.listdir(tmp) if "sbx" in e.lower()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaks():
+    """Fail the session if processes, fds or temp entries leak."""
+    import sbxlimit
+
+    # Warm up what lives for the whole process (the monitor thread, its
+    # selector and wake pipe) so it does not count as a leak.
+    sbxlimit.run([PY, "-c", "pass"], limits=sbxlimit.Limits(wall_time=5, output="1Mi"))
+    before_fds = _fds()
+    before_tmp = _temp_entries()
+    yield
+    import time
+
+    deadline = time.monotonic() + 5
+    while _children(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _children(os.getpid())
+    # The monitor closes a leader's pidfd when it sees the exit: give it a moment.
+    while _fds() - before_fds and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leaked_fds = _fds() - before_fds
+    leaked_tmp = _temp_entries() - before_tmp
+    problems = []
+    if left:
+        names = {}
+        for p in left:
+            try:
+                with open(f"/proc/{p}/comm") as f:
+                    names[p] = f.read().strip()
+            except OSError:
+                pass
+        problems.append(f"processes left running: {names}")
+    if leaked_fds:
+        targets = {}
+        for fd in leaked_fds:
+            try:
+                targets[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                pass
+        problems.append(f"file descriptors leaked: {targets}")
+    if leaked_tmp:
+        problems.append(f"temp entries leaked: {sorted(leaked_tmp)}")
+    assert not problems, "; ".join(problems)
+
+
+@pytest.fixture
+def py() -> str:
+    return PY

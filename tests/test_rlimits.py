@@ -1,0 +1,204 @@
+"""Limits held by rlimits, hit by real programs: the right reason, limit and
+observed value; and the same program under the limit runs fine."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+
+import sbxlimit
+from sbxlimit import Limits
+
+PY = sys.executable
+ROOT = os.geteuid() == 0
+
+
+def run_py(code: str, **kw) -> sbxlimit.SandboxResult:
+    return sbxlimit.run([PY, "-c", code], **kw)
+
+
+# -- cpu_time -------------------------------------------------------------
+
+
+def test_cpu_time_sigxcpu():
+    r = run_py("while True: pass", limits=Limits(cpu_time=1))
+    t = r.termination
+    assert t.reason == "cpu_time" and t.signal == 24  # SIGXCPU
+    assert t.limit == 1.0 and t.observed >= 1.0
+    assert t.mechanism == "rlimit:RLIMIT_CPU"
+    assert "CPU time" in t.message and "Limits.cpu_time" in t.message
+    assert r.usage.cpu_total >= 1.0
+
+
+def test_cpu_time_hard_limit_kills_a_program_ignoring_sigxcpu():
+    code = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass"
+    t0 = time.monotonic()
+    r = run_py(code, limits=Limits(cpu_time=1))
+    assert r.termination.reason == "cpu_time"
+    assert r.termination.signal == 9  # SIGKILL at soft + 1 s
+    assert r.termination.observed >= 1.9
+    assert time.monotonic() - t0 < 10
+
+
+def test_cpu_time_under_limit_runs():
+    r = run_py("sum(range(10**5))", limits=Limits(cpu_time=5))
+    assert r.returncode == 0 and r.termination.reason == "exited"
+    assert r.enforced["cpu_time"] == "rlimit:RLIMIT_CPU"
+
+
+# -- open_files -----------------------------------------------------------
+
+COUNT_FDS = """
+import os
+fds = []
+try:
+    while True:
+        fds.append(os.open('/dev/null', os.O_RDONLY))
+except OSError as e:
+    print(len(fds), e.errno)
+"""
+
+
+def test_open_files():
+    r = run_py(COUNT_FDS, limits=Limits(open_files=32), capture_output=True, text=True)
+    opened, err = map(int, r.stdout.split())
+    assert err == 24  # EMFILE
+    assert 20 <= opened < 32  # 32 minus stdio and what Python keeps open
+    assert r.enforced["open_files"] == "rlimit:RLIMIT_NOFILE"
+    code = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"
+    r = run_py(code, limits=Limits(open_files=32), capture_output=True, text=True)
+    assert r.stdout.strip() == "(32, 32)"  # hard too: the program cannot raise it
+
+
+# -- file_size ------------------------------------------------------------
+
+
+def test_file_size_sigxfsz(tmp_path):
+    out = tmp_path / "big"
+    with open(out, "wb") as f:
+        # head, not Python: Python ignores SIGXFSZ and gets EFBIG instead.
+        r = sbxlimit.run(
+            ["head", "-c", "1000000", "/dev/zero"], stdout=f, limits=Limits(file_size="64Ki")
+        )
+    t = r.termination
+    assert t.reason == "file_size" and t.signal == 25  # SIGXFSZ
+    assert t.limit == 65536 and t.mechanism == "rlimit:RLIMIT_FSIZE"
+    assert out.stat().st_size == 65536
+
+
+def test_file_size_under_limit(tmp_path):
+    out = tmp_path / "small"
+    with open(out, "wb") as f:
+        r = sbxlimit.run(
+            ["head", "-c", "1000", "/dev/zero"], stdout=f, limits=Limits(file_size="64Ki")
+        )
+    assert r.termination.reason == "exited" and out.stat().st_size == 1000
+
+
+# -- memory: RLIMIT_DATA per process ----------------------------------------
+
+
+def test_memory_rlimit_data_refuses_one_big_allocation():
+    r = run_py("b = bytearray(512 << 20)", limits=Limits(memory="64Mi"), capture_output=True)
+    assert r.returncode == 1 and b"MemoryError" in r.stderr
+    t = r.termination
+    assert t.reason == "exited"  # the program survived ENOMEM and exited
+    assert "RLIMIT_DATA" in t.message and "64.0 MiB" in t.message
+    assert r.enforced["memory"].startswith("rlimit:RLIMIT_DATA")
+
+
+def test_memory_under_limit_runs():
+    r = run_py(
+        "b = bytearray(16 << 20); b[::4096] = b'x' * (len(b) // 4096)",
+        limits=Limits(memory="256Mi"),
+    )
+    assert r.returncode == 0 and r.termination.reason == "exited"
+    assert r.usage.memory_peak >= 16 << 20
+
+
+def test_address_space_opt_in():
+    r = run_py(
+        "b = bytearray(512 << 20)", limits=Limits(address_space="256Mi"), capture_output=True
+    )
+    assert b"MemoryError" in r.stderr
+    assert r.enforced["address_space"] == "rlimit:RLIMIT_AS"
+    code = "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])"
+    r = run_py(code, limits=Limits(memory="256Mi"), capture_output=True, text=True)
+    assert int(r.stdout) == resource.RLIM_INFINITY  # memory alone never caps AS
+
+
+# -- pids -----------------------------------------------------------------
+
+FORK_LOOP = """
+import os, time
+n = 0
+try:
+    while n < 500:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print("refused", n, e.errno, flush=True)
+time.sleep(3)
+"""
+
+
+@pytest.mark.skipif(ROOT, reason="RLIMIT_NPROC does not bind root (enforced says watchdog:pids)")
+def test_pids_rlimit_nproc_unprivileged():
+    r = run_py(FORK_LOOP, limits=Limits(pids=16), capture_output=True, text=True)
+    assert r.stdout.startswith("refused")
+    _, n, err = r.stdout.split()
+    assert int(err) == 11 and int(n) < 16  # EAGAIN, before 16
+    assert r.enforced["pids"].startswith("rlimit:RLIMIT_NPROC")
+    assert "counts every process of uid" in r.enforced["pids"]
+
+
+@pytest.mark.skipif(not ROOT, reason="as non-root RLIMIT_NPROC refuses the fork first")
+def test_pids_watchdog_root():
+    r = run_py(FORK_LOOP, limits=Limits(pids=16), capture_output=True, text=True)
+    t = r.termination
+    assert t.reason == "pids" and t.limit == 16 and t.observed > 16
+    assert t.mechanism == "watchdog:pids"
+    assert r.enforced["pids"].startswith("watchdog:pids")
+    assert "RLIMIT_NPROC does not bind root" in r.enforced["pids"]
+
+
+def test_pids_under_limit():
+    code = "import os\nfor _ in range(3):\n    if os.fork() == 0: os._exit(0)\n    os.wait()"
+    r = run_py(code, limits=Limits(pids=64))
+    assert r.returncode == 0 and r.termination.reason == "exited"
+
+
+# -- core dumps and clamping -----------------------------------------------
+
+
+def test_core_dumps_off_in_every_sandbox():
+    code = "import resource; print(resource.getrlimit(resource.RLIMIT_CORE))"
+    r = run_py(code, limits=Limits(wall_time=10), capture_output=True, text=True)
+    assert r.stdout.strip() == "(0, 0)"
+    assert r.enforced["core_dumps"] == "rlimit:RLIMIT_CORE"
+    r = run_py(code, capture_output=True, text=True)  # plain: untouched
+    assert r.stdout.strip() == str(resource.getrlimit(resource.RLIMIT_CORE))
+
+
+@pytest.mark.skipif(ROOT, reason="root may raise hard limits, so nothing is clamped")
+def test_request_above_hard_limit_is_clamped_and_said():
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    r = run_py("pass", limits=Limits(open_files=hard + 1000))
+    assert r.returncode == 0
+    assert f"clamped to the inherited hard limit {hard}" in r.enforced["open_files"]
+
+
+def test_check_true_raises_limit_exceeded():
+    with pytest.raises(sbxlimit.LimitExceeded) as ei:
+        run_py("while True: pass", limits=Limits(cpu_time=1), check=True)
+    e = ei.value
+    assert isinstance(e, subprocess.CalledProcessError) and isinstance(e, sbxlimit.Error)
+    assert e.termination.reason == "cpu_time" and str(e) == e.termination.message
+    assert e.returncode == -24

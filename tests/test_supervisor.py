@@ -1,0 +1,425 @@
+"""Limits held by the supervisor (wall time, memory and pids watchdogs,
+output capture) and tree control: real programs, real kills."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import sbxlimit
+from sbxlimit import Limits
+
+PY = sys.executable
+
+
+def run_py(code: str, **kw) -> sbxlimit.SandboxResult:
+    return sbxlimit.run([PY, "-c", code], **kw)
+
+
+def alive(pid: int) -> bool:
+    """True while pid runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, timeout=5.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.02)
+    return [p for p in pids if alive(p)]
+
+
+# -- wall_time ------------------------------------------------------------
+
+
+def test_wall_time_terminates():
+    t0 = time.monotonic()
+    r = run_py("import time; time.sleep(30)", limits=Limits(wall_time="300ms", kill_grace=2))
+    elapsed = time.monotonic() - t0
+    t = r.termination
+    assert t.reason == "wall_time" and t.signal == signal.SIGTERM
+    assert t.limit == 0.3 and 0.3 <= t.observed < 1.0
+    assert t.mechanism == "watchdog:wall_time"
+    assert elapsed < 2  # SIGTERM was enough
+    assert r.enforced["wall_time"] == "watchdog:wall_time"
+
+
+def test_wall_time_sigkill_after_grace_for_a_program_ignoring_sigterm():
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)"
+    )
+    t0 = time.monotonic()
+    r = run_py(code, limits=Limits(wall_time="300ms", kill_grace="300ms"), capture_output=True)
+    elapsed = time.monotonic() - t0
+    assert r.stdout == b"ready\n"
+    assert r.termination.reason == "wall_time" and r.termination.signal == signal.SIGKILL
+    assert 0.55 <= elapsed < 3
+
+
+def test_wall_time_kills_the_whole_tree():
+    # The child starts a grandchild in its group, and one in a new session
+    # (still its descendant): both must die with it.
+    code = (
+        "import subprocess, sys, time\n"
+        "a = subprocess.Popen(['sleep', '60'])\n"
+        "b = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        "print(a.pid, b.pid, flush=True)\n"
+        "time.sleep(60)"
+    )
+    r = run_py(code, limits=Limits(wall_time="500ms", kill_grace=1), capture_output=True)
+    pids = [int(x) for x in r.stdout.split()]
+    assert len(pids) == 2
+    assert r.termination.reason == "wall_time"
+    assert wait_gone(pids) == []
+
+
+def test_wall_time_under_limit():
+    r = run_py("print('ok')", limits=Limits(wall_time=30), capture_output=True)
+    assert r.stdout == b"ok\n" and r.termination.reason == "exited" and r.usage.wall < 30
+
+
+# -- memory watchdog --------------------------------------------------------
+
+TREE_HOG = """
+import os, time
+kids = []
+for i in range(3):
+    pid = os.fork()
+    if pid == 0:
+        chunks = []
+        for j in range(40):
+            chunks.append(bytearray(1 << 20))
+            time.sleep(0.01)
+        time.sleep(30)
+        os._exit(0)
+    kids.append(pid)
+for k in kids:
+    os.waitpid(k, 0)
+"""
+
+
+def test_memory_watchdog_kills_a_tree_over_the_limit():
+    # Each process stays under RLIMIT_DATA; together they pass the limit.
+    t0 = time.monotonic()
+    r = run_py(TREE_HOG, limits=Limits(memory="64Mi"))
+    t = r.termination
+    assert t.reason == "memory" and t.signal == signal.SIGKILL
+    assert t.limit == 64 << 20 and t.observed > 64 << 20
+    assert t.mechanism == "watchdog:memory"
+    assert "Limits.memory" in t.message and "64.0 MiB" in t.message
+    assert r.usage.memory_peak >= t.observed
+    assert r.usage.pids_peak >= 2
+    assert time.monotonic() - t0 < 10
+    assert r.enforced["memory"] == "rlimit:RLIMIT_DATA+watchdog:memory"
+
+
+def test_memory_tree_under_limit():
+    r = run_py(TREE_HOG.replace("time.sleep(30)", "pass"), limits=Limits(memory="512Mi"))
+    assert r.returncode == 0 and r.termination.reason == "exited"
+    assert r.usage.memory_peak > 30 << 20
+
+
+def test_sample_interval_is_configurable():
+    with pytest.raises(ValueError, match="sample_interval"):
+        sbxlimit.Popen(["true"], limits=Limits(memory="1Gi"), sample_interval="-1s")
+    r = sbxlimit.run([PY, "-c", TREE_HOG], limits=Limits(memory="64Mi"), sample_interval="20ms")
+    assert r.termination.reason == "memory"
+
+
+# -- output ---------------------------------------------------------------
+
+FLOOD = "import sys\nwhile True:\n    sys.stdout.write('x' * 8192)"
+
+
+def test_output_cap_kills():
+    r = run_py(FLOOD, limits=Limits(output="100Ki"), capture_output=True)
+    t = r.termination
+    assert t.reason == "output" and t.limit == 100 << 10 and t.observed > 100 << 10
+    assert t.mechanism == "supervisor:output" and "stdout" in t.message
+    assert r.stdout == b"x" * (100 << 10)
+
+
+def test_output_cap_truncates_on_request():
+    code = (
+        "import sys\n"
+        "for i in range(50):\n"
+        "    sys.stdout.write('y' * 8192)\n"
+        "print('done', file=sys.stderr)"
+    )
+    r = run_py(code, limits=Limits(output="64Ki", truncate_output=True), capture_output=True)
+    assert r.returncode == 0 and r.termination.reason == "exited"
+    assert r.termination.hits == ("output",)
+    assert r.stdout.startswith(b"y" * (64 << 10))
+    assert r.stdout[64 << 10 :] == b"\n[sbxlimit: output truncated at 65536 bytes]\n"
+    assert r.stderr == b"done\n"
+
+
+def test_output_cap_per_stream_and_merged():
+    code = "import sys\nsys.stdout.write('o' * 5000)\nsys.stderr.write('e' * 5000)"
+    r = run_py(code, limits=Limits(output=6000), capture_output=True)
+    assert r.termination.reason == "exited" and len(r.stdout) == len(r.stderr) == 5000
+    r = run_py(code, limits=Limits(output=6000), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert r.termination.reason == "output" and len(r.stdout) == 6000
+
+
+def test_output_cap_text_mode_does_not_break_utf8():
+    code = "import sys\nfor i in range(100): sys.stdout.write('é' * 5000)"
+    r = run_py(
+        code,
+        limits=Limits(output=10001, truncate_output=True),
+        capture_output=True,
+        encoding="utf-8",
+    )
+    assert r.stdout.startswith("é" * 5000) and "truncated" in r.stdout
+
+
+def test_output_cap_to_a_file_and_to_a_foreign_pipe(tmp_path):
+    with open(tmp_path / "out", "wb") as f:
+        r = run_py(FLOOD, limits=Limits(output="32Ki"), stdout=f)
+    assert r.termination.reason == "output"
+    assert (tmp_path / "out").stat().st_size == 32 << 10
+
+    rd, wr = os.pipe()
+    got = bytearray()
+    reader = threading.Thread(target=lambda: got.extend(iter_read(rd)))
+    reader.start()
+    try:
+        r = run_py(FLOOD, limits=Limits(output="32Ki"), stdout=wr)
+    finally:
+        os.close(wr)
+        reader.join(10)
+        os.close(rd)
+    assert r.termination.reason == "output" and len(got) == 32 << 10
+
+
+def iter_read(fd):
+    while chunk := os.read(fd, 65536):
+        yield from chunk
+
+
+def test_output_back_pressure_loses_nothing():
+    code = "import sys\nsys.stdout.buffer.write(bytes(range(256)) * 20000)"
+    with sbxlimit.Popen(
+        [PY, "-c", code], stdout=subprocess.PIPE, limits=Limits(output="10Mi")
+    ) as p:
+        time.sleep(0.3)  # the pipe and the pump fill up; nothing may be dropped
+        data = p.stdout.read()
+    assert data == bytes(range(256)) * 20000
+    assert p.termination.reason == "exited"
+
+
+def test_output_reader_closing_early_gives_sigpipe():
+    with sbxlimit.Popen(["yes"], stdout=subprocess.PIPE, limits=Limits(output="1Gi")) as p:
+        assert p.stdout.read(10) == b"y\ny\ny\ny\ny\n"
+        p.stdout.close()
+        assert p.wait(timeout=10) == -signal.SIGPIPE
+
+
+def test_output_to_devnull_is_not_pumped():
+    r = run_py(
+        FLOOD.replace("while True", "for i in range(100)"),
+        limits=Limits(output=1000),
+        stdout=subprocess.DEVNULL,
+    )
+    assert r.termination.reason == "exited"
+
+
+# -- tree control -----------------------------------------------------------
+
+SPAWNER = (
+    "import os, subprocess, sys, time\n"
+    "a = subprocess.Popen(['sleep', '60'])\n"
+    "b = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+    "if os.fork() == 0:\n"  # double fork, staying in the group
+    "    c = subprocess.Popen(['sleep', '60'])\n"
+    "    print(c.pid, flush=True)\n"
+    "    os._exit(0)\n"
+    "time.sleep(0.2)\n"
+    "print(a.pid, b.pid, flush=True)\n"
+    "time.sleep(60)"
+)
+
+
+def _spawner_pids(p) -> list[int]:
+    pids: list[int] = []
+    while len(pids) < 3:
+        line = p.stdout.readline()
+        assert line, "spawner died early"
+        pids += [int(x) for x in line.split()]
+    return pids
+
+
+def test_kill_tree_ends_every_descendant():
+    p = sbxlimit.Popen([PY, "-c", SPAWNER], stdout=subprocess.PIPE, limits=Limits(wall_time=60))
+    pids = _spawner_pids(p)
+    assert all(alive(x) for x in pids)
+    p.kill_tree(grace=1)
+    assert p.returncode == -signal.SIGTERM
+    assert wait_gone(pids) == []
+    p.stdout.close()
+
+
+def test_kill_tree_on_plain_popen_and_grace_zero():
+    p = sbxlimit.Popen([PY, "-c", SPAWNER], stdout=subprocess.PIPE, start_new_session=True)
+    pids = _spawner_pids(p)
+    p.kill_tree(grace=0)
+    assert p.returncode == -signal.SIGKILL
+    assert wait_gone(pids) == []
+    p.stdout.close()
+
+
+def test_leftovers_die_when_the_sandbox_exits():
+    # The leftover holds the stdout pipe: communicate() returns only because
+    # the supervisor ends it the moment the leader exits.
+    code = "import subprocess; print(subprocess.Popen(['sleep', '60']).pid)"
+    t0 = time.monotonic()
+    r = run_py(code, limits=Limits(cpu_time=30), capture_output=True)
+    assert time.monotonic() - t0 < 5
+    assert wait_gone([int(r.stdout)]) == []
+
+
+def test_plain_popen_keeps_subprocess_semantics_for_leftovers():
+    code = (
+        "import subprocess as s\n"
+        "print(s.Popen(['sleep', '60'], stdout=s.DEVNULL, stderr=s.DEVNULL).pid)"
+    )
+    r = run_py(code, capture_output=True)  # the grandchild holds no pipe of ours
+    pid = int(r.stdout)
+    try:
+        assert alive(pid)  # no limits, no policy: like subprocess, nothing is killed
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        wait_gone([pid])
+
+
+def test_keyboard_interrupt_in_with_block_kills_the_sandbox():
+    with (
+        pytest.raises(KeyboardInterrupt),
+        sbxlimit.Popen(
+            [PY, "-c", SPAWNER], stdout=subprocess.PIPE, limits=Limits(wall_time=60)
+        ) as p,
+    ):
+        pids = _spawner_pids(p)
+        raise KeyboardInterrupt
+    assert p.returncode is not None
+    assert wait_gone(pids) == []
+
+
+def test_run_timeout_kills_the_tree():
+    code = (
+        "import subprocess, time\n"
+        "print(subprocess.Popen(['sleep', '60']).pid, flush=True)\n"
+        "time.sleep(60)"
+    )
+    with pytest.raises(subprocess.TimeoutExpired) as ei:
+        run_py(code, timeout=1, capture_output=True, limits=Limits(wall_time=60))
+    assert wait_gone([int(ei.value.stdout)]) == []
+
+
+# -- usage and termination --------------------------------------------------
+
+
+def test_live_usage():
+    code = (
+        "import threading, time\n"
+        "b = bytearray(48 << 20)\n"
+        "b[::4096] = b'x' * (len(b) // 4096)\n"
+        "ev = threading.Event()\n"
+        "ts = [threading.Thread(target=ev.wait) for _ in range(3)]\n"
+        "[t.start() for t in ts]\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)"
+    )
+    with sbxlimit.Popen(
+        [PY, "-c", code], stdout=subprocess.PIPE, limits=Limits(memory="512Mi")
+    ) as p:
+        assert p.stdout.readline() == b"ready\n"
+        assert p.termination is None
+        u = p.usage()
+        assert u.memory_now >= 48 << 20 and u.memory_peak >= u.memory_now
+        assert u.pids_now == 4  # main + 3 threads
+        assert u.cpu_user is not None and u.wall > 0
+        p.kill_tree(grace=0)
+    final = p.usage()
+    assert final.memory_now == 0 and final.memory_peak >= 48 << 20
+    assert p.termination.reason == "signaled"
+
+
+def test_signaled_and_exited_terminations():
+    p = sbxlimit.Popen([PY, "-c", "import time; time.sleep(30)"])
+    p.send_signal(signal.SIGUSR1)
+    p.wait()
+    t = p.termination
+    assert (t.reason, t.signal, t.limit, t.mechanism) == ("signaled", signal.SIGUSR1, None, None)
+    assert "SIGUSR1" in t.message and not t.is_limit
+    r = run_py("raise SystemExit(3)")
+    assert r.termination.reason == "exited" and "status 3" in r.termination.message
+
+
+def test_no_secrets_in_termination():
+    secret = "hunter2-s3cr3t"
+    r = sbxlimit.run(
+        [PY, "-c", f"import time; x = '{secret}'; time.sleep(30)"],
+        env={**os.environ, "API_TOKEN": secret},
+        limits=Limits(wall_time="200ms", kill_grace=0),
+    )
+    assert r.termination.reason == "wall_time"
+    blob = repr(r.termination.to_dict()) + repr(r.usage.to_dict()) + repr(r.enforced)
+    assert secret not in blob
+    assert "`python" in r.termination.message
+
+
+def test_json_ready_results():
+    import json
+
+    r = run_py("pass", limits=Limits(memory="64Mi", wall_time=5))
+    json.dumps(
+        {"usage": r.usage.to_dict(), "termination": r.termination.to_dict(), "enforced": r.enforced}
+    )
+
+
+def test_popen_from_a_thread_does_not_die_with_the_thread():
+    # PR_SET_PDEATHSIG follows the spawning thread: off by default there.
+    box = {}
+
+    def spawn():
+        box["p"] = sbxlimit.Popen(
+            [PY, "-c", "import time; time.sleep(0.5)"], limits=Limits(wall_time=30)
+        )
+
+    t = threading.Thread(target=spawn)
+    t.start()
+    t.join()
+    p = box["p"]
+    assert p.wait(timeout=10) == 0
+
+
+def test_die_with_parent_from_a_thread_when_asked():
+    box = {}
+
+    def spawn():
+        box["p"] = sbxlimit.Popen(
+            [PY, "-c", "import time; time.sleep(30)"],
+            limits=Limits(wall_time=30),
+            die_with_parent=True,
+        )
+
+    t = threading.Thread(target=spawn)
+    t.start()
+    t.join()
+    assert box["p"].wait(timeout=10) == -signal.SIGKILL
