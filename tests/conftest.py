@@ -39,7 +39,7 @@ def _fds() -> set[int]:
 
 def _temp_entries() -> set[str]:
     tmp = tempfile.gettempdir()
-    return {e for e in os.listdir(tmp) if "sbx" in e.lower()}
+    return {e for e in os.listdir(tmp) if e.startswith("sbxlimit")}
 
 
 @pytest.fixture(scope="session", autouse=True)
