@@ -13,7 +13,7 @@ import sys
 
 from setuptools import Extension, setup
 
-SOURCES = ["csrc/_coremodule.c", "csrc/spawn.c", "csrc/rlimit.c", "csrc/fds.c"]
+SOURCES = ["csrc/_coremodule.c", "csrc/spawn.c", "csrc/rlimit.c", "csrc/fds.c", "csrc/probe.c"]
 if sys.platform.startswith("linux"):
     SOURCES.append("csrc/linux/proctree.c")
 else:

@@ -405,7 +405,40 @@ static PyObject *core_tree_signal(PyObject *self, PyObject *args)
     return PyLong_FromLong(rc);
 }
 
+PyDoc_STRVAR(probe_doc, "probe(kind, arg=0, timeout_ms=1000) -> int\n"
+                        "--\n\n"
+                        "Try a mechanism for real (see PROBE_* constants); 0 when it works,\n"
+                        "else the errno it failed with.  Side effects stay in a short-lived\n"
+                        "child.");
+
+static PyObject *core_probe(PyObject *self, PyObject *args)
+{
+    int kind, timeout_ms = 1000, rc;
+    long arg = 0;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "i|li:probe", &kind, &arg, &timeout_ms))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+        rc = sbx_probe(kind, arg, timeout_ms);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+PyDoc_STRVAR(landlock_abi_doc, "landlock_abi() -> int\n"
+                               "--\n\n"
+                               "The kernel's Landlock ABI version, or -errno.");
+
+static PyObject *core_landlock_abi(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(sbx_probe_landlock_abi());
+}
+
 static PyMethodDef core_methods[] = {
+    {"probe", core_probe, METH_VARARGS, probe_doc},
+    {"landlock_abi", core_landlock_abi, METH_NOARGS, landlock_abi_doc},
     {"spawn", core_spawn, METH_VARARGS, spawn_doc},
     {"tree_sample", core_tree_sample, METH_O, tree_sample_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
@@ -431,6 +464,14 @@ static int core_exec(PyObject *m)
         Py_DECREF(steps);
         return -1;
     }
+    if (PyModule_AddIntConstant(m, "PROBE_PIDFD", SBX_PROBE_PIDFD) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_CLOSE_RANGE", SBX_PROBE_CLOSE_RANGE) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_NO_NEW_PRIVS", SBX_PROBE_NO_NEW_PRIVS) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_SECCOMP", SBX_PROBE_SECCOMP) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_UNSHARE", SBX_PROBE_UNSHARE) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_CLONE3_CGROUP", SBX_PROBE_CLONE3_CGROUP) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_HANG", SBX_PROBE_HANG) < 0)
+        return -1;
 #if defined(__linux__) && !defined(SBX_NO_VFORK)
     if (PyModule_AddIntConstant(m, "HAS_VFORK", 1) < 0)
         return -1;

@@ -155,4 +155,24 @@ int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out);
  * processes signalled, or -1 with errno. */
 int sbx_tree_signal(pid_t root, int sig, pid_t pgid);
 
+/* ---- doctor's probes (probe.c) ------------------------------------------ */
+
+enum sbx_probe_kind {
+    SBX_PROBE_PIDFD = 1,     /* pidfd_open(2) on ourselves */
+    SBX_PROBE_CLOSE_RANGE,   /* close_range(2) on an empty range */
+    SBX_PROBE_NO_NEW_PRIVS,  /* PR_SET_NO_NEW_PRIVS, in a child */
+    SBX_PROBE_SECCOMP,       /* load an allow-all filter, in a child */
+    SBX_PROBE_UNSHARE,       /* unshare(arg = CLONE_* flags), in a child */
+    SBX_PROBE_CLONE3_CGROUP, /* clone3(CLONE_INTO_CGROUP) into dirfd arg */
+    SBX_PROBE_HANG           /* for tests: a child that never answers */
+};
+
+/* Try one mechanism; returns 0 when it works, else the errno it failed
+ * with (ETIMEDOUT when the child did not answer within timeout_ms). */
+int sbx_probe(int what, long arg, int timeout_ms);
+
+/* The Landlock ABI version (>= 1), or -errno (ENOSYS: not built in,
+ * EOPNOTSUPP: built in but disabled at boot). */
+int sbx_probe_landlock_abi(void);
+
 #endif /* SBX_H */

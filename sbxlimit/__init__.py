@@ -11,6 +11,7 @@ See docs/api.md.
 
 from subprocess import DEVNULL, PIPE, STDOUT, CalledProcessError, SubprocessError, TimeoutExpired
 
+from ._doctor import Check, Report, doctor
 from ._errors import ConfigError, Error, LimitExceeded, SandboxSetupError, UnsupportedError
 from ._limits import Limits
 from ._policy import Policy
@@ -29,12 +30,14 @@ __all__ = [
     "STDOUT",
     "STEPS",
     "CalledProcessError",
+    "Check",
     "ConfigError",
     "Error",
     "LimitExceeded",
     "Limits",
     "Policy",
     "Popen",
+    "Report",
     "SandboxResult",
     "SandboxSetupError",
     "SubprocessError",
@@ -42,5 +45,6 @@ __all__ = [
     "TimeoutExpired",
     "UnsupportedError",
     "Usage",
+    "doctor",
     "run",
 ]

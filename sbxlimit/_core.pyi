@@ -8,6 +8,13 @@ from _typeshed import StrOrBytesPath
 STEPS: tuple[str, ...]
 HAS_VFORK: int
 HAS_PROCTREE: int
+PROBE_PIDFD: int
+PROBE_CLOSE_RANGE: int
+PROBE_NO_NEW_PRIVS: int
+PROBE_SECCOMP: int
+PROBE_UNSHARE: int
+PROBE_CLONE3_CGROUP: int
+PROBE_HANG: int
 
 def spawn(
     exec_paths: Sequence[StrOrBytesPath],
@@ -37,3 +44,5 @@ def spawn(
 ) -> tuple[int, tuple[str, int, int, int] | None]: ...
 def tree_sample(pid: int, /) -> tuple[int, int, int, float, float, bool]: ...
 def tree_signal(pid: int, sig: int, pgid: int, /) -> int: ...
+def probe(kind: int, arg: int = 0, timeout_ms: int = 1000, /) -> int: ...
+def landlock_abi() -> int: ...

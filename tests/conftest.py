@@ -3,13 +3,32 @@ no process left behind, no file descriptor, no temp entry of ours."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from sbxlimit import Report
+
 PY = sys.executable
+
+
+@functools.cache
+def report() -> Report:
+    """The doctor's report for this machine: skips quote its reasons."""
+    import sbxlimit
+
+    return sbxlimit.doctor()
+
+
+def why_not(check: str) -> str:
+    """A skip reason from doctor(): the check's status and reason."""
+    c = report().check(check)
+    return f"doctor: {c.name} {c.status}: {c.reason}"
 
 
 def _children(pid: int) -> set[int]:

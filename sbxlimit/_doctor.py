@@ -1,0 +1,671 @@
+"""``doctor()``: what this machine can enforce, checked by trying it.
+
+Every check really uses the mechanism (in a short-lived child where trying
+has side effects, each with a timeout) instead of reading a flag.  The
+report's summary says, for each Limits field and Policy protection, which
+mechanism would hold it here: the very strings ``Popen.enforced`` uses,
+because both come from ``_enforce.plan``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import _core
+from ._enforce import UNENFORCED, plan
+from ._limits import Limits
+from ._policy import Policy
+
+__all__ = ["Check", "Report", "doctor"]
+
+OK, DEGRADED, UNAVAILABLE, INFO = "ok", "degraded", "unavailable", "info"
+_MARKS = {OK: "✓", DEGRADED: "!", UNAVAILABLE: "✗", INFO: "·"}
+_COLORS = {OK: "\033[32m", DEGRADED: "\033[33m", UNAVAILABLE: "\033[31m", INFO: "\033[2m"}
+_TIMEOUT_MS = 1000
+_LINUX = sys.platform.startswith("linux")
+
+# The request the summary is computed for: every limit and the default
+# Policy, i.e. "the default protections".
+_REFERENCE_LIMITS = Limits(
+    memory="256Mi",
+    cpu_time="60s",
+    cpu="500m",
+    pids=64,
+    open_files=256,
+    file_size="100Mi",
+    disk="100Mi",
+    wall_time="60s",
+    output="10Mi",
+)
+
+_CAPS = {
+    "CAP_KILL": 5,
+    "CAP_SETGID": 6,
+    "CAP_SETUID": 7,
+    "CAP_NET_ADMIN": 12,
+    "CAP_SYS_PTRACE": 19,
+    "CAP_SYS_ADMIN": 21,
+    "CAP_SYS_RESOURCE": 24,
+}
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
+    0x00020000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Check:
+    """One mechanism: ``status`` is ok / degraded / unavailable (or info for
+    facts), ``reason`` one line, ``fix`` what to do about it."""
+
+    name: str
+    status: str
+    reason: str
+    fix: str = ""
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Report:
+    """The doctor's findings.  ``str(report)`` is the checklist people read;
+    ``to_dict()`` the JSON form (stable keys: system, checks, summary, ok)."""
+
+    system: dict[str, Any]
+    checks: tuple[Check, ...]
+    summary: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        """True when every default protection is held here."""
+        return not any(v.startswith(UNENFORCED) for v in self.summary.values())
+
+    def check(self, name: str) -> Check:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "system": dict(self.system),
+            "checks": [c.to_dict() for c in self.checks],
+            "summary": dict(self.summary),
+            "ok": self.ok,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def render(self, color: bool = False) -> str:
+        def paint(status: str, text: str) -> str:
+            return f"{_COLORS[status]}{text}\033[0m" if color else text
+
+        s = self.system
+        lines = [
+            f"sbxlimit doctor — {s['os']} {s['kernel']} {s['arch']}, Python {s['python']}, "
+            f"uid {s['uid']}{' (root)' if s['uid'] == 0 else ''}",
+            "",
+            "Mechanisms:",
+        ]
+        width = max(len(c.name) for c in self.checks)
+        for c in self.checks:
+            mark = paint(c.status, _MARKS[c.status])
+            lines.append(f"  {mark} {c.name:<{width}}  {c.reason}")
+            if c.fix and c.status in (DEGRADED, UNAVAILABLE):
+                lines.append(f"    {'':<{width}}  fix: {c.fix}")
+        lines += ["", "What would hold each limit and protection here:"]
+        width = max(len(k) for k in self.summary)
+        for k, v in self.summary.items():
+            status = UNAVAILABLE if v.startswith(UNENFORCED) else OK
+            lines.append(f"  {paint(status, _MARKS[status])} {k:<{width}}  {v}")
+        verdict = (
+            "every default protection is available"
+            if self.ok
+            else "some default protections are not available (see ✗ above)"
+        )
+        lines += ["", paint(OK if self.ok else UNAVAILABLE, f"Result: {verdict}.")]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render(color=False)
+
+
+def doctor() -> Report:
+    """Probe this machine and report what sbxlimit can enforce here."""
+    system = _system()
+    probes: list[Callable[[], Check]]
+    if _LINUX:
+        probes = [
+            _check_spawn,
+            _check_rlimits,
+            _check_proc_tree,
+            _check_cgroups,
+            _check_clone3_cgroup,
+            _check_pidfd,
+            _check_close_range,
+            _check_no_new_privs,
+            _check_seccomp,
+            _check_landlock,
+            _check_userns,
+            lambda: _check_ns("mount_namespace", _CLONE_NEWNS),
+            lambda: _check_ns("network_namespace", _CLONE_NEWNET),
+            lambda: _check_ns("pid_namespace", _CLONE_NEWPID),
+            _check_container,
+        ]
+    elif sys.platform == "darwin":
+        probes = [_check_spawn, _check_rlimits, _check_sandbox_exec, _check_darwin_limits]
+    else:
+        probes = [_check_unsupported_os]
+    checks = []
+    for probe in probes:
+        try:
+            checks.append(probe())
+        except Exception as e:  # a broken probe must not break the report
+            name = getattr(probe, "__name__", "probe").removeprefix("_check_")
+            checks.append(Check(name, UNAVAILABLE, f"probe failed: {e!r}"))
+    summary = plan(_REFERENCE_LIMITS, Policy(), uid=os.geteuid()).enforced
+    return Report(system, tuple(checks), dict(summary))
+
+
+# -- facts ------------------------------------------------------------------
+
+
+def _capabilities() -> list[str]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    eff = int(line.split()[1], 16)
+                    return [name for name, bit in _CAPS.items() if eff >> bit & 1]
+    except OSError:
+        pass
+    return []
+
+
+def _system() -> dict[str, Any]:
+    return {
+        "os": platform.system(),
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "uid": os.geteuid(),
+        "capabilities": _capabilities() if _LINUX else [],
+    }
+
+
+def _errname(err: int) -> str:
+    return f"{errno.errorcode.get(err, str(err))} ({os.strerror(err)})"
+
+
+# -- checks -----------------------------------------------------------------
+
+
+def _check_spawn() -> Check:
+    from ._run import run
+
+    t0 = time.monotonic()
+    r = run([sys.executable, "-c", "pass"], limits=Limits(wall_time=10))
+    took = (time.monotonic() - t0) * 1000
+    how = "vfork-style (CLONE_VM|CLONE_VFORK)" if _core.HAS_VFORK else "fork()"
+    if r.returncode != 0:
+        return Check("spawn", UNAVAILABLE, f"a sandboxed `python -c pass` exited {r.returncode}")
+    return Check("spawn", OK, f"{how}; a sandboxed no-op ran in {took:.0f} ms")
+
+
+def _check_rlimits() -> Check:
+    import resource
+
+    from ._run import run
+
+    names = ("CPU", "FSIZE", "DATA", "AS", "NOFILE", "NPROC", "CORE")
+    hard = {n: resource.getrlimit(getattr(resource, f"RLIMIT_{n}"))[1] for n in names}
+    finite = {n: h for n, h in hard.items() if h != resource.RLIM_INFINITY}
+    # A real use: every rlimit the core sets, read back by the program.
+    code = (
+        "import resource as r\n"
+        "print(*(r.getrlimit(getattr(r, 'RLIMIT_' + n))[0] for n in "
+        "('CPU', 'FSIZE', 'NOFILE', 'DATA', 'CORE')))"
+    )
+    res = run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        limits=Limits(cpu_time=30, file_size="1Gi", open_files=64, memory="1Gi"),
+    )
+    want = f"30 {1 << 30} 64 {1 << 30} 0"
+    if res.stdout.strip() != want:
+        return Check("rlimits", UNAVAILABLE, f"set in the child, read back {res.stdout.strip()!r}")
+    reason = "CPU, FSIZE, DATA, AS, NOFILE, NPROC, CORE set in the child and read back"
+    if finite and os.geteuid() != 0:
+        caps = ", ".join(f"{n}={v}" for n, v in finite.items())
+        return Check(
+            "rlimits",
+            OK,
+            f"{reason}; requests above the inherited hard limits are clamped ({caps})",
+            "raise the hard limits (ulimit -H, /etc/security/limits.conf) if they are too low",
+            {"hard": hard},
+        )
+    return Check("rlimits", OK, reason, details={"hard": hard})
+
+
+def _check_proc_tree() -> Check:
+    tid = os.getpid()
+    try:
+        with open(f"/proc/{tid}/task/{tid}/children"):
+            pass
+        _core.tree_sample(os.getpid())
+    except OSError as e:
+        return Check(
+            "proc_tree",
+            DEGRADED,
+            f"/proc/PID/task/TID/children unreadable ({e.strerror}): the memory/pids watchdog "
+            "and tree kills see only the process group",
+            "a kernel with CONFIG_PROC_CHILDREN=y",
+        )
+    return Check("proc_tree", OK, "process trees sampled and signalled through /proc")
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    out = []
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
+                    out.append((parts[1], parts[2], set(parts[3].split(","))))
+    except OSError:
+        pass
+    return out
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller (or "" for v2) → path, from /proc/self/cgroup."""
+    own: dict[str, str] = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _id, ctrls, path = line.rstrip("\n").split(":", 2)
+                for c in ctrls.split(",") if ctrls else [""]:
+                    own[c] = path
+    except OSError:
+        pass
+    return own
+
+
+def _v2_mount() -> str | None:
+    for point, kind, _opts in _mounts():
+        if kind == "cgroup2":
+            return point
+    return None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _cgroup_trial(parent: str, limits: dict[str, str]) -> str | None:
+    """Create a cgroup under `parent`, limit it, move a process in, kill it,
+    remove it.  Returns None when all of that worked, else what failed."""
+    path = os.path.join(parent, f"sbxlimit-probe-{os.getpid()}")
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        return f"cannot create a cgroup in {parent}: {e.strerror}"
+    p = None
+    try:
+        for name, value in limits.items():
+            try:
+                with open(os.path.join(path, name), "w") as f:
+                    f.write(value)
+            except OSError as e:
+                return f"cannot set {name}: {e.strerror}"
+        p = subprocess.Popen(["sleep", "5"], stdin=subprocess.DEVNULL)
+        try:
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(p.pid))
+        except OSError as e:
+            return f"cannot move a process into it: {e.strerror}"
+        return None
+    finally:
+        if p is not None:
+            p.kill()
+            p.wait()
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.01)
+
+
+def _check_cgroups() -> Check:
+    mounts = _mounts()
+    v1 = {c for _p, kind, opts in mounts if kind == "cgroup" for c in opts}
+    v2 = _v2_mount()
+    own = _own_cgroups()
+    layout = (
+        "unified (v2)"
+        if v2 == "/sys/fs/cgroup" and not v1 & {"memory", "pids", "cpu"}
+        else "hybrid (v1 + v2)"
+        if v2 and v1
+        else "legacy (v1)"
+        if v1
+        else "none"
+    )
+    note = "(not used by this version yet: limits fall back to rlimits and the watchdog)"
+    details: dict[str, Any] = {"layout": layout, "own": own}
+    fix_v2 = (
+        "run sbxlimit inside a delegated cgroup, e.g. `systemd-run --user --scope -p "
+        "Delegate=yes -- python ...`, or set SBXLIMIT_CGROUP_PARENT to a cgroup you own "
+        "with memory, pids and cpu in its cgroup.subtree_control"
+    )
+    if layout == "none":
+        return Check("cgroups", UNAVAILABLE, "no cgroup filesystem is mounted", fix_v2, details)
+
+    v2_ctrls: set[str] = set()
+    if v2:
+        v2_ctrls = set(_read(os.path.join(v2, "cgroup.controllers")).split())
+        details["v2_controllers"] = sorted(v2_ctrls)
+    wanted = {"memory", "pids", "cpu"}
+    if v2 and wanted <= v2_ctrls:
+        parent = os.environ.get("SBXLIMIT_CGROUP_PARENT") or os.path.join(
+            v2, own.get("", "/").lstrip("/")
+        )
+        enabled = set(_read(os.path.join(parent, "cgroup.subtree_control")).split())
+        if wanted <= enabled or os.geteuid() == 0:
+            limits = {"memory.max": str(64 << 20), "pids.max": "64", "cpu.max": "50000 100000"}
+            if not wanted <= enabled:
+                limits = {}
+            failed = _cgroup_trial(parent, limits)
+            if failed is None:
+                return Check(
+                    "cgroups",
+                    OK,
+                    f"{layout}: created, limited, joined, killed and removed a cgroup "
+                    f"under {parent} {note}",
+                    details=details,
+                )
+            return Check("cgroups", DEGRADED, f"{layout}: {failed}", fix_v2, details)
+        return Check(
+            "cgroups",
+            DEGRADED,
+            f"{layout}: {parent} has no memory/pids/cpu in cgroup.subtree_control",
+            fix_v2,
+            details,
+        )
+
+    # v1 fallback: one directory per controller.
+    results = {}
+    for ctrl, limit in (
+        ("memory", ("memory.limit_in_bytes", str(64 << 20))),
+        ("pids", ("pids.max", "64")),
+        ("cpu", ("cpu.cfs_quota_us", "50000")),
+    ):
+        point = next((p for p, kind, opts in mounts if kind == "cgroup" and ctrl in opts), None)
+        if point is None:
+            results[ctrl] = "not mounted"
+            continue
+        parent = os.path.join(point, own.get(ctrl, "/").lstrip("/"))
+        if os.geteuid() == 0:
+            parent = point  # root: a dedicated cgroup at the hierarchy root
+        failed = _cgroup_trial(parent, {limit[0]: limit[1]})
+        results[ctrl] = failed or "ok"
+    details["v1"] = results
+    good = [c for c, r in results.items() if r == "ok"]
+    why_v2 = (
+        f"cgroup v2 at {v2} has no controllers (they are bound to v1)" if v2 else "no cgroup v2"
+    )
+    if len(good) == 3:
+        return Check(
+            "cgroups",
+            DEGRADED,
+            f"{layout}: v1 memory, pids, cpu usable as fallback; {why_v2} {note}",
+            "boot with systemd.unified_cgroup_hierarchy=1 for cgroup v2",
+            details,
+        )
+    bad = "; ".join(f"{c}: {r}" for c, r in results.items() if r != "ok")
+    return Check("cgroups", UNAVAILABLE, f"{layout}: {bad}; {why_v2}", fix_v2, details)
+
+
+def _check_clone3_cgroup() -> Check:
+    v2 = _v2_mount()
+    if v2 is None:
+        return Check("clone3_cgroup", UNAVAILABLE, "no cgroup v2 mount to be born into")
+    path = os.path.join(v2, _own_cgroups().get("", "/").lstrip("/"))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        return Check("clone3_cgroup", UNAVAILABLE, f"cannot open {path}: {e.strerror}")
+    try:
+        err = _core.probe(_core.PROBE_CLONE3_CGROUP, fd, _TIMEOUT_MS)
+    finally:
+        os.close(fd)
+    if err:
+        return Check(
+            "clone3_cgroup",
+            UNAVAILABLE,
+            f"clone3(CLONE_INTO_CGROUP) failed: {_errname(err)}",
+            "Linux 5.7 or newer",
+        )
+    return Check("clone3_cgroup", OK, "a child was born directly in a cgroup (Linux 5.7+)")
+
+
+def _simple(name: str, kind: int, what: str, fix: str, status_if_missing: str) -> Check:
+    err = _core.probe(kind, 0, _TIMEOUT_MS)
+    if err:
+        return Check(name, status_if_missing, f"{what} failed: {_errname(err)}", fix)
+    return Check(name, OK, f"{what} works")
+
+
+def _check_pidfd() -> Check:
+    return _simple(
+        "pidfd",
+        _core.PROBE_PIDFD,
+        "pidfd_open",
+        "Linux 5.3 or newer; without it a sandbox's exit is noticed at reap time",
+        DEGRADED,
+    )
+
+
+def _check_close_range() -> Check:
+    return _simple(
+        "close_range",
+        _core.PROBE_CLOSE_RANGE,
+        "close_range",
+        "Linux 5.9 or newer; older kernels close fds one by one via /proc/self/fd",
+        DEGRADED,
+    )
+
+
+def _check_no_new_privs() -> Check:
+    return _simple(
+        "no_new_privs",
+        _core.PROBE_NO_NEW_PRIVS,
+        "prctl(PR_SET_NO_NEW_PRIVS) in a child",
+        "Linux 3.5 or newer",
+        UNAVAILABLE,
+    )
+
+
+def _check_seccomp() -> Check:
+    mode = {"0": "none", "1": "strict", "2": "filter"}.get(_status_field("Seccomp"), "unknown")
+    err = _core.probe(_core.PROBE_SECCOMP, 0, _TIMEOUT_MS)
+    if err:
+        return Check(
+            "seccomp",
+            UNAVAILABLE,
+            f"loading a filter failed: {_errname(err)} (this process: {mode})",
+            "a kernel with CONFIG_SECCOMP_FILTER=y; inside a container, allow seccomp",
+        )
+    return Check("seccomp", OK, f"a filter loads in a child (this process: {mode}; not used yet)")
+
+
+_LANDLOCK_FEATURES = [
+    (2, "file renames/links across directories (refer)"),
+    (3, "truncate"),
+    (4, "TCP bind/connect rules"),
+    (5, "ioctl on devices"),
+    (6, "signal and abstract-socket scoping"),
+]
+
+
+def _check_landlock() -> Check:
+    abi = _core.landlock_abi()
+    if abi < 0:
+        err = -abi
+        fix = (
+            "add landlock to the lsm= kernel parameter"
+            if err == errno.EOPNOTSUPP
+            else "a kernel with CONFIG_SECURITY_LANDLOCK=y (Linux 5.13+)"
+        )
+        return Check("landlock", UNAVAILABLE, f"not available: {_errname(err)}", fix)
+    missing = [what for need, what in _LANDLOCK_FEATURES if abi < need]
+    if missing:
+        return Check(
+            "landlock",
+            DEGRADED,
+            f"ABI {abi}; missing: {', '.join(missing)}",
+            "a newer kernel",
+            {"abi": abi},
+        )
+    return Check(
+        "landlock",
+        OK,
+        f"ABI {abi}: every feature sbxlimit uses (not used yet)",
+        details={"abi": abi},
+    )
+
+
+# sysctl, the value that blocks unprivileged user namespaces, the fix.
+_USERNS_BLOCKERS = (
+    ("kernel.unprivileged_userns_clone", "0", "1"),
+    ("user.max_user_namespaces", "0", "10000"),
+    ("kernel.apparmor_restrict_unprivileged_userns", "1", "0"),
+)
+
+
+def _check_userns() -> Check:
+    err = _core.probe(_core.PROBE_UNSHARE, _CLONE_NEWUSER, _TIMEOUT_MS)
+    if not err:
+        return Check("user_namespace", OK, "user namespaces can be created")
+    blockers = [
+        (name, good)
+        for name, bad, good in _USERNS_BLOCKERS
+        if _read("/proc/sys/" + name.replace(".", "/")) == bad
+    ]
+    why = f" (blocked by {', '.join(n for n, _g in blockers)})" if blockers else ""
+    fix = " ".join(f"sysctl -w {n}={g};" for n, g in blockers).rstrip(";")
+    return Check(
+        "user_namespace",
+        UNAVAILABLE,
+        f"unshare(CLONE_NEWUSER) failed: {_errname(err)}{why}",
+        fix or "a kernel with CONFIG_USER_NS=y; inside a container, allow unshare",
+    )
+
+
+def _check_ns(name: str, flag: int) -> Check:
+    via = ""
+    flags = flag
+    if os.geteuid() != 0:
+        flags |= _CLONE_NEWUSER
+        via = " (inside a new user namespace)"
+    err = _core.probe(_core.PROBE_UNSHARE, flags, _TIMEOUT_MS)
+    if err:
+        return Check(
+            name,
+            UNAVAILABLE,
+            f"unshare{via} failed: {_errname(err)}",
+            "root, or unprivileged user namespaces (see user_namespace)",
+        )
+    return Check(name, OK, f"can be created{via} (not used yet)")
+
+
+def _status_field(key: str) -> str:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _check_container() -> Check:
+    signs = []
+    if os.path.exists("/.dockerenv"):
+        signs.append("/.dockerenv")
+    if os.path.exists("/run/.containerenv"):
+        signs.append("/run/.containerenv")
+    if _status_field("Seccomp") == "2":
+        signs.append("this process runs under a seccomp filter")
+    if _status_field("NoNewPrivs") == "1":
+        signs.append("no_new_privs is already set")
+    try:
+        if os.readlink("/proc/self/ns/cgroup") != os.readlink("/proc/1/ns/cgroup"):
+            signs.append("own cgroup namespace")
+    except OSError:
+        pass
+    if signs:
+        return Check(
+            "container",
+            INFO,
+            "inside a container or sandbox: " + "; ".join(signs),
+            "what works here may differ from the host",
+        )
+    return Check("container", INFO, "no sign of a container or outer sandbox")
+
+
+def _check_sandbox_exec() -> Check:  # pragma: no cover - macOS only
+    path = "/usr/bin/sandbox-exec"
+    if not os.path.exists(path):
+        return Check("sandbox_exec", UNAVAILABLE, f"{path} is missing", "macOS 10.5+ ships it")
+    r = subprocess.run(
+        [path, "-p", "(version 1)(allow default)", "/usr/bin/true"],
+        capture_output=True,
+        timeout=_TIMEOUT_MS / 1000,
+    )
+    if r.returncode:
+        return Check("sandbox_exec", UNAVAILABLE, f"a trivial profile was refused: {r.stderr!r}")
+    return Check("sandbox_exec", OK, "a trivial profile is accepted (not used yet)")
+
+
+def _check_darwin_limits() -> Check:  # pragma: no cover - macOS only
+    return Check(
+        "isolation",
+        UNAVAILABLE,
+        "macOS has no cgroups, network or PID namespaces; cpu rate and pids cannot be held",
+        "use a Linux VM for strict isolation",
+    )
+
+
+def _check_unsupported_os() -> Check:
+    return Check(
+        "platform",
+        UNAVAILABLE,
+        f"{sys.platform} is not supported yet (Windows Job Objects are planned)",
+        "use Linux or macOS",
+    )
+
+
+def _isatty_color(stream: Any) -> bool:
+    """Colour only on a terminal, and never with NO_COLOR set."""
+    return bool(getattr(stream, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
