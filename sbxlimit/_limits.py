@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ from ._units import (
     parse_seconds,
 )
 
-__all__ = ["MANIFEST_DEFAULTS", "Limits"]
+__all__ = ["MANIFEST_DEFAULTS", "Cores", "Count", "Duration", "Limits", "Size"]
 
 # SPEC section 2: what a manifest means when it leaves a section out.
 MANIFEST_DEFAULTS: Mapping[str, str | int] = {
@@ -44,7 +45,16 @@ _RESOURCE_KEYS = {
 }
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+Size = int | float | str
+"""Bytes: ``4096``, ``"512Mi"``, ``"1G"``, ``"1.5Gi"``."""
+Duration = int | float | str | datetime.timedelta
+"""Seconds: ``30``, ``"500ms"``, ``"2m"``, ``"1h30m"``, a ``timedelta``."""
+Cores = int | float | str
+"""CPU: cores (``1.5``, ``"2"``) or millicores (``"500m"``)."""
+Count = int | str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class Limits:
     """What a sandbox may use.  Every field is optional; ``None`` = not limited.
 
@@ -89,9 +99,40 @@ class Limits:
     address_space: int | None = None
     truncate_output: bool = False
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        memory: Size | None = None,
+        cpu_time: Duration | None = None,
+        cpu: Cores | None = None,
+        pids: Count | None = None,
+        open_files: Count | None = None,
+        file_size: Size | None = None,
+        disk: Size | None = None,
+        wall_time: Duration | None = None,
+        output: Size | None = None,
+        kill_grace: Duration = 5.0,
+        address_space: Size | None = None,
+        truncate_output: bool = False,
+    ) -> None:
         def put(name: str, value: object) -> None:
             object.__setattr__(self, name, value)
+
+        for name, value in (
+            ("memory", memory),
+            ("cpu_time", cpu_time),
+            ("cpu", cpu),
+            ("pids", pids),
+            ("open_files", open_files),
+            ("file_size", file_size),
+            ("disk", disk),
+            ("wall_time", wall_time),
+            ("output", output),
+            ("kill_grace", kill_grace),
+            ("address_space", address_space),
+            ("truncate_output", truncate_output),
+        ):
+            put(name, value)
 
         for name in _BYTES:
             v = getattr(self, name)

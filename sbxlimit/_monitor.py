@@ -148,6 +148,11 @@ class Watch:
         self.tasks_peak = max(self.tasks_peak, tasks)
 
 
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino)
+
+
 def _writable(fd: int) -> bool:
     p = select.poll()
     p.register(fd, select.POLLOUT)
@@ -205,6 +210,10 @@ class Pump:
         self.sel: selectors.BaseSelector | None = None
         self.src_on = False
         self.dst_on = False
+        self.done = threading.Event()  # set once both ends are closed
+        # Identities, so that a forked child closes these fds only if the
+        # numbers still mean them (see Monitor.close_in_child).
+        self.idents = {src: _ident(src), dst: _ident(dst)}
         os.set_blocking(src, False)
         if owned_dst:
             os.set_blocking(dst, False)
@@ -215,6 +224,7 @@ class Pump:
             if fd >= 0:
                 os.close(fd)
         self.src = self.dst = -1
+        self.done.set()
 
     # -- monitor thread only ---------------------------------------------
 
@@ -266,6 +276,7 @@ class Pump:
         self._close_src()
         self._close_dst()
         self.monitor._pump_done(self)
+        self.done.set()
 
     def _read(self) -> None:
         try:
@@ -347,6 +358,7 @@ class Monitor:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._idents = {self._wake_r: _ident(self._wake_r), self._wake_w: _ident(self._wake_w)}
         # Leaders' exits: pidfds in an epoll of their own, polled every
         # _EXIT_POLL while any is registered, not woken on: a sandbox that
         # ends normally is reaped by its Popen, and waking this thread on
@@ -529,22 +541,26 @@ class Monitor:
                 self._tick(w, now)
 
     def close_in_child(self) -> None:
-        """After os.fork(): the thread is gone; release what the child inherited."""
-        fds: list[Any] = [self._wake_r, self._wake_w, *self._by_pidfd]
-        if self._exits is not None:
-            self._exits.close()
-        for p in list(self._pumps) + self._new_pumps:
-            fds += [p.src, p.dst]
-        for fd in fds:
-            if isinstance(fd, int) and fd >= 0:
-                try:
+        """After os.fork() (or a preexec_fn fork): the thread is gone;
+        release what the child inherited.  Runs without the lock (the
+        parent's monitor may have been mid-way), so a number is closed only
+        if it still refers to our file: right after the monitor closed an
+        fd, another thread may have been given the same number."""
+        owned: dict[int, Any] = dict(self._idents)
+        for p in list(self._pumps) + list(self._new_pumps):
+            owned.update(p.idents)
+        for fd in list(self._by_pidfd):
+            owned[fd] = "pidfd"
+        for fd, ident in owned.items():
+            try:
+                if ident == "pidfd":
+                    same = os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+                else:
+                    same = _ident(fd) == ident
+                if same:
                     os.close(fd)
-                except OSError:
-                    pass
-        try:
-            self._sel.close()
-        except Exception:
-            pass
+            except OSError:
+                pass
 
 
 _monitor: Monitor | None = None

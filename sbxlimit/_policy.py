@@ -45,7 +45,10 @@ def _paths(field: str, value: object) -> tuple[str, ...]:
     return tuple(_path(f"{field}[{i}]", v) for i, v in enumerate(value))
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+PathArg = str | os.PathLike[str] | bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True, init=False)
 class Policy:
     """What a sandbox may touch.  Immutable; validated on construction.
 
@@ -83,9 +86,40 @@ class Policy:
     isolate_pids: bool = False
     strict: bool = False
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        workdir: PathArg | None = None,
+        keep_workdir: bool = False,
+        writable_roots: Iterable[PathArg] = (),
+        deny_read: Iterable[PathArg] = (),
+        deny_write: Iterable[PathArg] = (),
+        protect_dotfiles: bool = True,
+        network: NetworkMode = "allow",
+        proxy_ports: Iterable[int] = (),
+        env: Literal["sanitize"] | Iterable[str] = "sanitize",
+        harden: bool = True,
+        isolate_pids: bool = False,
+        strict: bool = False,
+    ) -> None:
         def put(name: str, value: object) -> None:
             object.__setattr__(self, name, value)
+
+        for name, value in (
+            ("workdir", workdir),
+            ("keep_workdir", keep_workdir),
+            ("writable_roots", writable_roots),
+            ("deny_read", deny_read),
+            ("deny_write", deny_write),
+            ("protect_dotfiles", protect_dotfiles),
+            ("network", network),
+            ("proxy_ports", proxy_ports),
+            ("env", env),
+            ("harden", harden),
+            ("isolate_pids", isolate_pids),
+            ("strict", strict),
+        ):
+            put(name, value)
 
         if self.workdir is not None:
             put("workdir", _path("Policy.workdir", self.workdir))

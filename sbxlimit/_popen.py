@@ -89,6 +89,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _sbx_interval = _DEFAULT_INTERVAL
     _sbx_die_with_parent: bool | None = None
     _sbx_id: str | None = None
+    _sbx_flush: list[Pump] = []  # noqa: RUF012  (never mutated: replaced per instance)
     limits: Limits | None = None
     policy: Policy | None = None
     # subprocess.Popen's private members we rely on (3.11-3.13).
@@ -303,6 +304,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         for pump in pumps:
             pump.watch = watch
             monitor.add_pump(pump)
+        # Output bound for our own pipe is drained by whoever reads it;
+        # elsewhere (a file, the terminal, a foreign pipe) wait() also waits
+        # for the pump to pass the last bytes on.
+        self._sbx_flush = [pump for pump in pumps if pump.mode != "nonblock"]
         monitor.register(watch, timers=p.needs_monitor)
 
     def _sbx_make_pumps(
@@ -442,6 +447,15 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             finally:
                 self._waitpid_lock.release()
         return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """As subprocess's wait(); a sandbox whose capped output goes to a
+        file, the terminal or a foreign pipe is also done passing it on."""
+        rc: int = super().wait(timeout)
+        for pump in self._sbx_flush:
+            if not pump.done.wait(timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+        return rc
 
     def __exit__(self, exc_type: Any, value: Any, traceback: Any) -> None:
         try:

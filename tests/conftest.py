@@ -52,8 +52,20 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def _fds() -> set[int]:
-    return {int(x) for x in os.listdir("/proc/self/fd")}
+def _fds() -> dict[int, str]:
+    """Open fds and what they point to; the fd of the listing itself (and any
+    fd closed while listing) drops out because it cannot be read back."""
+    out = {}
+    for x in os.listdir("/proc/self/fd"):
+        try:
+            out[int(x)] = os.readlink(f"/proc/self/fd/{x}")
+        except OSError:
+            pass
+    return out
+
+
+def _new_fds(before: dict[int, str]) -> dict[int, str]:
+    return {fd: t for fd, t in _fds().items() if before.get(fd) != t}
 
 
 def _temp_entries() -> set[str]:
@@ -79,9 +91,10 @@ def no_leaks():
         time.sleep(0.05)
     left = _children(os.getpid())
     # The monitor closes a leader's pidfd when it sees the exit: give it a moment.
-    while _fds() - before_fds and time.monotonic() < deadline:
+    deadline = time.monotonic() + 5
+    while _new_fds(before_fds) and time.monotonic() < deadline:
         time.sleep(0.05)
-    leaked_fds = _fds() - before_fds
+    leaked_fds = _new_fds(before_fds)
     leaked_tmp = _temp_entries() - before_tmp
     problems = []
     if left:
@@ -94,13 +107,7 @@ def no_leaks():
                 pass
         problems.append(f"processes left running: {names}")
     if leaked_fds:
-        targets = {}
-        for fd in leaked_fds:
-            try:
-                targets[fd] = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                pass
-        problems.append(f"file descriptors leaked: {targets}")
+        problems.append(f"file descriptors leaked: {leaked_fds}")
     if leaked_tmp:
         problems.append(f"temp entries leaked: {sorted(leaked_tmp)}")
     assert not problems, "; ".join(problems)

@@ -1,0 +1,105 @@
+"""What ships: the stub matches the extension, the package is typed for its
+users, and the C core builds warning-free."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+
+import pytest
+
+import sbxlimit
+from sbxlimit import _core
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.dirname(sbxlimit.__file__)
+
+
+def test_stub_matches_the_extension():
+    with open(os.path.join(PKG, "_core.pyi")) as f:
+        tree = ast.parse(f.read())
+    stubbed = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            stubbed.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            stubbed.add(node.target.id)
+    public = {n for n in dir(_core) if not n.startswith("_")}
+    assert stubbed == public
+
+
+def test_py_typed_ships():
+    assert os.path.exists(os.path.join(PKG, "py.typed"))
+
+
+def test_public_api_is_exported():
+    for name in sbxlimit.__all__:
+        assert hasattr(sbxlimit, name), name
+
+
+USER_CODE = """
+import sbxlimit
+from sbxlimit import Limits, Policy
+
+limits = Limits(memory="256Mi", cpu_time="10s", cpu="500m", pids=64, wall_time=30)
+policy = Policy(writable_roots=["/tmp"], network="deny", strict=False)
+r = sbxlimit.run(["true"], limits=limits, policy=policy, capture_output=True, check=False)
+reason: str = r.termination.reason
+peak: int | None = r.usage.memory_peak
+mech: str = r.enforced["memory"]
+with sbxlimit.Popen(["true"], limits={"memory": "1Gi"}) as p:
+    p.kill_tree(grace=0)
+report: sbxlimit.Report = sbxlimit.doctor()
+ok: bool = report.ok
+"""
+
+
+def test_user_code_type_checks(tmp_path):
+    mypy = shutil.which("mypy")
+    if mypy is None:
+        pytest.skip("mypy is not installed (pip install -e '.[dev]')")
+    f = tmp_path / "user.py"
+    f.write_text(textwrap.dedent(USER_CODE))
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", str(f)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_c_core_builds_without_warnings():
+    srcs = glob.glob(os.path.join(HERE, "csrc", "*.c")) + glob.glob(
+        os.path.join(HERE, "csrc", "linux", "*.c")
+    )
+    if not srcs:
+        pytest.skip("C sources are not next to the tests (installed package)")
+    inc = sysconfig.get_paths()["include"]
+    for src in srcs:
+        r = subprocess.run(
+            [
+                "gcc",
+                "-std=c11",
+                "-D_GNU_SOURCE",
+                "-Wall",
+                "-Wextra",
+                "-Wshadow",
+                "-Wformat=2",
+                "-Werror",
+                "-fsyntax-only",
+                f"-I{os.path.join(HERE, 'csrc')}",
+                f"-I{inc}",
+                src,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr
