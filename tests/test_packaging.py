@@ -61,16 +61,19 @@ ok: bool = report.ok
 
 
 def test_user_code_type_checks(tmp_path):
-    mypy = shutil.which("mypy")
-    if mypy is None:
+    if shutil.which("mypy") is None:
         pytest.skip("mypy is not installed (pip install -e '.[dev]')")
     f = tmp_path / "user.py"
     f.write_text(textwrap.dedent(USER_CODE))
+    # MYPYPATH: an editable install is found through an import hook that
+    # mypy cannot follow; point it at the package itself.
+    env = {**os.environ, "MYPYPATH": os.path.dirname(PKG)}
     r = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", str(f)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=env,
     )
     assert r.returncode == 0, r.stdout
 
