@@ -26,6 +26,9 @@ from ._policy import Policy
 __all__ = ["UNENFORCED", "Plan", "plan", "warn_downgrades"]
 
 UNENFORCED = "unenforced: "
+_NOT_DUMPABLE = (
+    "execve resets PR_SET_DUMPABLE; ptrace denial needs seccomp, not implemented in this version"
+)
 LINUX = sys.platform.startswith("linux")
 _INF = resource.RLIM_INFINITY
 
@@ -173,6 +176,10 @@ def _plan(limits: Limits | None, policy: Policy | None, *, uid: int, privileged:
 
 
 def _plan_pids(p: Plan, pids: int, *, uid: int, tree: bool, privileged: bool) -> None:
+    if not LINUX:
+        # Per user on macOS and known to misbehave there: not used.
+        _downgrade(p, "pids", "RLIMIT_NPROC is per user on this platform and there is no cgroup")
+        return
     if uid == 0:
         # The kernel does not apply RLIMIT_NPROC to root (or CAP_SYS_RESOURCE).
         if tree:
@@ -193,9 +200,12 @@ def _plan_pids(p: Plan, pids: int, *, uid: int, tree: bool, privileged: bool) ->
         "rlimit:RLIMIT_NPROC" + ("+watchdog:pids" if tree else ""),
         privileged,
     )
-    p.enforced["pids"] += (
-        f" (RLIMIT_NPROC counts every process of uid {uid}, not only this sandbox's)"
-    )
+    caveat = f"RLIMIT_NPROC counts every process of uid {uid}, not only this sandbox's"
+    mech = p.enforced["pids"]
+    if mech.endswith(")"):  # already clamped: one parenthesis, two notes
+        p.enforced["pids"] = f"{mech[:-1]}; {caveat})"
+    else:
+        p.enforced["pids"] = f"{mech} ({caveat})"
     if tree:
         p.watch_pids = pids
 
@@ -217,12 +227,18 @@ def _plan_policy(p: Plan, policy: Policy) -> None:
         if policy.env == "sanitize"
         else "supervisor:env (allow-list)"
     )
+    if policy.workdir is not None:
+        p.enforced["workspace"] = "supervisor:workdir (used as given: no size cap, not removed)"
     if policy.harden:
         if LINUX:
             p.no_new_privs = True
             p.enforced["no_new_privs"] = "prctl:PR_SET_NO_NEW_PRIVS"
         else:
             _downgrade(p, "no_new_privs", "no_new_privs exists only on Linux")
+        # PR_SET_DUMPABLE does not survive execve (the kernel resets it), so
+        # the parent cannot make the target undumpable; ptrace denial comes
+        # with the seccomp filter.
+        _downgrade(p, "not_dumpable", _NOT_DUMPABLE)
 
 
 def _is_root() -> bool:
@@ -232,8 +248,21 @@ def _is_root() -> bool:
 _warned: set[tuple[str, str]] = set()
 
 
-def warn_downgrades(p: Plan, *, stacklevel: int) -> None:
-    """One RuntimeWarning per (field, reason) per process."""
+def _caller_stacklevel() -> int:
+    """The stacklevel that points at the first frame outside sbxlimit."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
+def warn_downgrades(p: Plan) -> None:
+    """One RuntimeWarning per (field, reason) per process, attributed to the
+    caller's line."""
+    stacklevel = _caller_stacklevel()
     for field, reason in p.downgrades.items():
         key = (field, reason)
         if key in _warned:
@@ -243,5 +272,5 @@ def warn_downgrades(p: Plan, *, stacklevel: int) -> None:
             f"sbxlimit: {field} is not enforced here: {reason}. "
             "Pass Policy(strict=True) to refuse instead; see `python -m sbxlimit doctor`.",
             RuntimeWarning,
-            stacklevel=stacklevel + 1,
+            stacklevel=stacklevel,
         )

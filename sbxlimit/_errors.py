@@ -74,6 +74,8 @@ _STEP_HINTS = {
 
 
 def _hint_for(step: str, errno_: int) -> str:
+    if step == "rlimit:RLIMIT_NOFILE" and os.geteuid() == 0:
+        return "RLIMIT_NOFILE cannot exceed the kernel's fs.nr_open, even for root."
     if step.startswith("rlimit:"):
         return (
             "a limit above the inherited hard limit needs CAP_SYS_RESOURCE; "
@@ -112,7 +114,32 @@ class SandboxSetupError(Error, OSError):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.step, self.errno, self.detail, self.filename))
+        args = (self.step, self.errno, self.detail, self.filename)
+        if type(self) in _combined.values():
+            # The errno-mixed subclasses are made at run time: rebuild by errno.
+            return (setup_error, args)
+        return (type(self), args)
+
+
+_combined: dict[type[OSError], type[SandboxSetupError]] = {}
+
+
+def setup_error(
+    step: str, errno_: int | None, detail: int = 0, filename: Any = None
+) -> SandboxSetupError:
+    """A SandboxSetupError that is also the OSError subclass for `errno_`
+    (PermissionError for EPERM...), so `except PermissionError` still works."""
+    err = errno_ or 0
+    base = type(OSError(err, "")) if err else OSError
+    cls: type[SandboxSetupError] = SandboxSetupError
+    if base is not OSError:
+        found = _combined.get(base)
+        if found is None:
+            found = type(f"SandboxSetupError_{base.__name__}", (SandboxSetupError, base), {})
+            found.__module__ = "sbxlimit"
+            _combined[base] = found
+        cls = found
+    return cls(step, err, detail, filename)
 
 
 class LimitExceeded(Error, subprocess.CalledProcessError):

@@ -68,10 +68,10 @@ class Limits:
 
     Fields:
         memory: bytes the sandbox may use (RLIMIT_DATA per process plus a
-            watchdog on the tree's resident memory; a cgroup where available).
+            watchdog on the tree's resident memory; cgroups are planned).
         cpu_time: CPU seconds (RLIMIT_CPU, per process; SIGXCPU, then SIGKILL
             one second later).
-        cpu: CPU rate in millicores (needs a cgroup).
+        cpu: CPU rate in millicores (needs a cgroup: not enforced yet).
         pids: processes + threads in the sandbox.
         open_files: file descriptors per process (RLIMIT_NOFILE).
         file_size: largest file the program may write (RLIMIT_FSIZE).
@@ -260,7 +260,7 @@ class Limits:
         millicore string (``"500m"``), so that ``Limits(**d)`` round-trips."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if d["cpu"] is not None:
-            d["cpu"] = f"{d['cpu']}m"
+            d["cpu"] = f"{int(d['cpu'])}m"
         return d
 
     def asked(self) -> dict[str, Any]:

@@ -52,6 +52,11 @@ PathArg = str | os.PathLike[str] | bytes
 class Policy:
     """What a sandbox may touch.  Immutable; validated on construction.
 
+    This version enforces ``env``, ``harden`` (no_new_privs) and a given
+    ``workdir`` (used as the cwd); the file, network, workspace and PID
+    protections are validated and reported as ``unenforced:`` in
+    ``Popen.enforced`` (or refused with ``strict=True``).
+
     Fields:
         workdir: None for a private 0700 temp workspace (removed at close
             unless ``keep_workdir``), else an absolute path used as is.
@@ -66,7 +71,8 @@ class Policy:
         proxy_ports: loopback TCP ports reachable with ``network="proxy"``.
         env: ``"sanitize"`` drops ``LD_*`` and ``DYLD_*``; a list of names
             keeps only those variables.
-        harden: no_new_privs, no core dumps.
+        harden: no_new_privs; not-dumpable is reported unenforced (execve
+            resets it).  Core dumps are off in every sandbox regardless.
         isolate_pids: new PID namespace where possible.
         strict: raise :class:`UnsupportedError` before starting if anything
             asked for cannot be enforced here (default: apply what can be

@@ -37,6 +37,7 @@ __all__ = ["Popen"]
 _ids = itertools.count(1)
 _DEFAULT_INTERVAL = 0.1
 _NO_PLAN = Plan()  # a plain Popen: no limits, no policy
+_LINUX = sys.platform.startswith("linux")
 
 
 def _target_uid(user: Any) -> int:
@@ -60,7 +61,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     limits: :class:`Limits` (or a dict of its fields): what the program may use.
     policy: :class:`Policy` (or a dict): what it may touch.
     sample_interval: seconds between the supervisor's samples of memory and
-        task count (default 0.1) where no cgroup holds them.
+        task count (default 0.1), for the memory and pids watchdogs.
     die_with_parent: kill the program if the thread that started it dies
         (``PR_SET_PDEATHSIG``).  Linux ties this signal to the *thread*, so
         the default is True only when spawning from the main thread.
@@ -89,6 +90,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _sbx_interval = _DEFAULT_INTERVAL
     _sbx_die_with_parent: bool | None = None
     _sbx_id: str | None = None
+    _sbx_kill_group = 0  # kill_tree() asked: kill the group at reap
+    _sbx_killed_by_caller = False
     _sbx_flush: list[Pump] = []  # noqa: RUF012  (never mutated: replaced per instance)
     limits: Limits | None = None
     policy: Policy | None = None
@@ -126,7 +129,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if p.downgrades:
             if self.policy is not None and self.policy.strict:
                 raise UnsupportedError(p.downgrades)
-            warn_downgrades(p, stacklevel=4)
+            warn_downgrades(p)
 
     @property
     def sandbox_id(self) -> str:
@@ -182,6 +185,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         p = self._sbx_plan
         if p.active and self.policy is not None:
             env = self.policy.filter_env(os.environ if env is None else env)
+            if cwd is None and self.policy.workdir is not None:
+                cwd = self.policy.workdir
         env_list = None
         if env is not None:
             env_list = []
@@ -213,16 +218,15 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             close_after.append(errwrite)
 
         pgid = process_group
-        pdeathsig = 0
+        die = self._sbx_die_with_parent
+        if die is None:  # default: sandboxes started from the main thread
+            die = p.active and _LINUX and threading.current_thread() is threading.main_thread()
+        pdeathsig = signal.SIGKILL if die else 0
         pumps: list[Pump] = []
         child_out, child_err = c2pwrite, errwrite
         if p.active:
             if not start_new_session and process_group == -1:
                 pgid = 0  # lead a group of our own: the tree we can end
-            die = self._sbx_die_with_parent
-            if die is None:
-                die = threading.current_thread() is threading.main_thread()
-            pdeathsig = signal.SIGKILL if die else 0
             if p.output is not None:
                 try:
                     child_out, child_err = self._sbx_make_pumps(
@@ -328,7 +332,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             pumps.append(out[0])
             close_after.append(out[1])
             child_out = out[1]
-        if errwrite == c2pwrite or (c2pwrite == -1 and errwrite == 1):
+        if (errwrite != -1 and errwrite == c2pwrite) or (c2pwrite == -1 and errwrite == 1):
             return child_out, child_out  # stderr=STDOUT: one stream
         child_err = errwrite
         err = self._sbx_pump_for(errwrite, errread != -1, devnull, 2, "stderr")
@@ -389,7 +393,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         what it left behind in the group is safe.  Then reap with wait4 for
         the rusage.
         """
-        if self._sbx_tree_pgid > 0 or self._sbx_watch is not None:
+        if self._sbx_tree_pgid > 0 or self._sbx_watch is not None or self._sbx_kill_group > 0:
             try:
                 info = _waitid(_P_PID, self.pid, _WNOWAIT | (wait_flags & _WNOHANG))
             except ChildProcessError:
@@ -416,9 +420,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 now = min(now, w.exited_at)
         if self._sbx_end is None:
             self._sbx_end = now
-        if self._sbx_tree_pgid > 0:
+        pgid = self._sbx_tree_pgid or self._sbx_kill_group
+        if pgid > 0:
             try:
-                os.killpg(self._sbx_tree_pgid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -444,6 +449,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     self.returncode = _deadstate
                 elif e.errno == _ECHILD:
                     self.returncode = 0
+            except Exception:
+                # From __del__ at interpreter shutdown, modules may be gone.
+                if _deadstate is None:
+                    raise
+                self.returncode = _deadstate
             finally:
                 self._waitpid_lock.release()
         return self.returncode
@@ -489,7 +499,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         grace = parse_seconds("grace", grace, allow_zero=True)
         if not self._child_created:
             return
+        # What the leader leaves in its group is killed at reap, while its
+        # zombie still pins the group id (see _try_wait).
+        self._sbx_kill_group = self._sbx_pgid
         if self.poll() is None:
+            self._sbx_killed_by_caller = True
             signal_tree(self.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL, self._sbx_pgid)
             try:
                 self.wait(timeout=grace if grace > 0 else None)
@@ -497,11 +511,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 if self.poll() is None:
                     signal_tree(self.pid, signal.SIGKILL, self._sbx_pgid)
                 self.wait()
-        if self._sbx_pgid > 0:
-            try:
-                os.killpg(self._sbx_pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def usage(self) -> Usage:
         """What the sandbox used: live while it runs, final once reaped."""
@@ -550,5 +559,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 limits=lim,
                 enforced=self._sbx_plan.enforced,
                 created=self._child_created,
+                killed_by_caller=self._sbx_killed_by_caller,
             )
         return o

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import _core
-from ._errors import SandboxSetupError
+from ._errors import setup_error
 
 __all__ = ["STEPS", "child_error", "fail_child_at", "resolve_executable"]
 
@@ -95,21 +95,6 @@ def resolve_executable(
 
 _EFFECTIVE = os.access in os.supports_effective_ids
 
-_combined: dict[type[OSError], type[SandboxSetupError]] = {}
-
-
-def _setup_error_class(err: int) -> type[SandboxSetupError]:
-    """SandboxSetupError mixed with the OSError subclass for `err`."""
-    base = type(OSError(err, "")) if err else OSError
-    if base is OSError:
-        return SandboxSetupError
-    cls = _combined.get(base)
-    if cls is None:
-        cls = type(f"SandboxSetupError_{base.__name__}", (SandboxSetupError, base), {})
-        cls.__module__ = "sbxlimit"
-        _combined[base] = cls
-    return cls
-
 
 def child_error(step: str, err: int, detail: int, *, executable: Any, cwd: Any) -> BaseException:
     """The exception for a child that failed at `step` with `err`."""
@@ -120,4 +105,4 @@ def child_error(step: str, err: int, detail: int, *, executable: Any, cwd: Any) 
         return OSError(err, message, cwd)
     if step == "preexec_fn":
         return subprocess.SubprocessError("Exception occurred in preexec_fn.")
-    return _setup_error_class(err)(step, err, detail)
+    return setup_error(step, err, detail)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import resource
 import signal as _signal
 import sys
 from collections.abc import Iterable
@@ -209,6 +210,7 @@ def classify(
     usage: Usage,
     kill: KillRecord | None,
     hits: Iterable[str] = (),
+    killed_by_caller: bool = False,
 ) -> Termination:
     """Decide why a sandbox ended, from evidence only."""
     hit = set(hits)
@@ -249,7 +251,9 @@ def classify(
     hits_t = tuple(r for r in REASONS if r in hit)
     if sig is not None:
         message = f"{program} was killed by {_signame(sig)} ({sig})."
-        if sig == _signal.SIGKILL:
+        if killed_by_caller:
+            message += " kill_tree() was called."
+        elif sig == _signal.SIGKILL:
             message += (
                 " Nothing in sbxlimit sent it; the kernel's OOM killer or another process may have."
             )
@@ -279,7 +283,9 @@ class Outcome:
         "args",
         "created",
         "enforced",
+        "killed_by_caller",
         "limits",
+        "parent_maxrss",
         "returncode",
         "rusage",
         "wall",
@@ -297,8 +303,14 @@ class Outcome:
         limits: Limits | None,
         enforced: dict[str, str],
         created: bool,
+        killed_by_caller: bool = False,
     ) -> None:
         self.args = args
+        self.killed_by_caller = killed_by_caller
+        # A spawned child starts with its parent's RSS high-water mark (it
+        # shares or copies the parent's memory until execve), so ru_maxrss
+        # says something about the child only when it is above ours.
+        self.parent_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.returncode = returncode
         self.rusage = rusage
         self.wall = wall
@@ -312,7 +324,9 @@ class Outcome:
     def usage(self) -> Usage:
         if self._usage is None:
             ru, w = self.rusage, self.watch
-            peak = ru.ru_maxrss * _MAXRSS_UNIT if ru is not None else None
+            peak = None
+            if ru is not None and ru.ru_maxrss > self.parent_maxrss:
+                peak = ru.ru_maxrss * _MAXRSS_UNIT
             if w is not None and w.memory_peak:
                 peak = max(peak or 0, w.memory_peak)
             self._usage = Usage(
@@ -339,5 +353,6 @@ class Outcome:
                 usage=self.usage(),
                 kill=w.kill if w is not None else None,
                 hits=w.hits if w is not None else (),
+                killed_by_caller=self.killed_by_caller,
             )
         return self._termination

@@ -16,6 +16,7 @@ from decimal import ROUND_CEILING, Decimal
 from ._errors import ConfigError
 
 __all__ = [
+    "Millicores",
     "format_bytes",
     "format_seconds",
     "parse_bytes",
@@ -67,7 +68,7 @@ def _number(field: str, value: object, what: str) -> Decimal:
         raise ConfigError(field, value, f"expected {what}")
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ConfigError(field, value, f"expected a finite {what}")
+            raise ConfigError(field, value, f"must be finite ({what})")
         return Decimal(repr(value))
     return Decimal(value)
 
@@ -144,8 +145,24 @@ def parse_seconds(field: str, value: object, *, allow_zero: bool = False) -> flo
     return seconds
 
 
-def parse_millicores(field: str, value: object) -> int:
+class Millicores(int):
+    """An already normalised CPU amount.  A plain int means cores (as in
+    Kubernetes); this subclass marks millicores, so that normalising again
+    (``dataclasses.replace``, ``Limits(**limits.asked())``) keeps the value."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Millicores({int(self)})"
+
+    def __str__(self) -> str:
+        return str(int(self))
+
+
+def parse_millicores(field: str, value: object) -> Millicores:
     """``500m`` → 500, ``1.5`` or ``"1.5"`` → 1500, ``2`` → 2000 (cores, as in Kubernetes)."""
+    if isinstance(value, Millicores):
+        return value
     if isinstance(value, str):
         _check_nul(field, value)
         m = _CPU_RE.match(value)
@@ -161,7 +178,7 @@ def parse_millicores(field: str, value: object) -> int:
     result = _ceil(field, value, amount, _MAX_INT)
     if result < 1:
         raise ConfigError(field, value, "must be at least 1m (one thousandth of a core)")
-    return result
+    return Millicores(result)
 
 
 def parse_count(field: str, value: object, *, minimum: int = 1) -> int:

@@ -230,3 +230,9 @@ def test_gc_removes_empty_leftover_cgroups():
     finally:
         if os.path.exists(path):
             os.rmdir(path)
+
+
+def test_output_cap_keeps_stderr_apart_when_both_are_inherited():
+    r = cli("run", "--output", "1Ki", "--", "sh", "-c", "echo out; echo err >&2")
+    assert r.returncode == 0
+    assert r.stdout == "out\n" and "err\n" in r.stderr

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -423,3 +424,68 @@ def test_die_with_parent_from_a_thread_when_asked():
     t.start()
     t.join()
     assert box["p"].wait(timeout=10) == -signal.SIGKILL
+
+
+# -- regressions found in review ---------------------------------------------
+
+
+def test_policy_workdir_is_the_childs_cwd(tmp_path):
+    pol = sbxlimit.Policy(workdir=str(tmp_path), protect_dotfiles=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        r = run_py("import os; print(os.getcwd())", policy=pol, capture_output=True, text=True)
+    assert r.stdout.strip() == str(tmp_path)
+    assert r.enforced["workspace"].startswith("supervisor:workdir")
+
+
+def test_downgrade_warning_points_at_the_callers_line():
+    import sbxlimit._enforce as enforce
+
+    enforce._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sbxlimit.Popen(["true"], limits=Limits(cpu="1")).wait()
+        enforce._warned.clear()
+        sbxlimit.run(["true"], limits=Limits(cpu="1"))
+    files = {w.filename for w in caught if issubclass(w.category, RuntimeWarning)}
+    assert files == {__file__}
+
+
+def test_kill_tree_says_who_killed():
+    p = sbxlimit.Popen([PY, "-c", "import time; time.sleep(30)"], limits=Limits(wall_time=30))
+    p.kill_tree(grace=0)
+    assert "kill_tree() was called" in p.termination.message
+
+
+def test_die_with_parent_explicit_on_a_plain_popen():
+    box = {}
+
+    def spawn():
+        box["p"] = sbxlimit.Popen([PY, "-c", "import time; time.sleep(30)"], die_with_parent=True)
+
+    t = threading.Thread(target=spawn)
+    t.start()
+    t.join()
+    assert box["p"].wait(timeout=10) == -signal.SIGKILL
+
+
+def test_unwaited_sandbox_at_interpreter_exit_is_quiet():
+    code = (
+        "import sbxlimit, threading\n"
+        "threading.Thread(target=lambda: None).start()\n"
+        "p = sbxlimit.Popen(['sleep', '0.3'], limits=sbxlimit.Limits(wall_time=5))\n"
+    )
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=30)
+    assert "Exception ignored" not in r.stderr, r.stderr
+    time.sleep(0.5)
+
+
+def test_setup_errors_pickle_with_their_errno_class():
+    import pickle
+
+    from sbxlimit._spawn import child_error
+
+    e = child_error("setuid", 1, 1000, executable="x", cwd=None)
+    e2 = pickle.loads(pickle.dumps(e))
+    assert type(e2) is type(e) and isinstance(e2, PermissionError)
+    assert (e2.step, e2.errno, e2.detail) == ("setuid", 1, 1000)
