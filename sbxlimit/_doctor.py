@@ -459,11 +459,16 @@ def _check_clone3_cgroup() -> Check:
     finally:
         os.close(fd)
     if err:
+        fix = (
+            "a cgroup this user may write (see the cgroups fix)"
+            if err in (errno.EACCES, errno.EPERM)
+            else "Linux 5.7 or newer"
+        )
         return Check(
             "clone3_cgroup",
             UNAVAILABLE,
-            f"clone3(CLONE_INTO_CGROUP) failed: {_errname(err)}",
-            "Linux 5.7 or newer",
+            f"clone3(CLONE_INTO_CGROUP) into {path} failed: {_errname(err)}",
+            fix,
         )
     return Check("clone3_cgroup", OK, "a child was born directly in a cgroup (Linux 5.7+)")
 
