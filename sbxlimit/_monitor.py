@@ -374,12 +374,12 @@ class Monitor:
 
     # -- any thread -------------------------------------------------------
 
-    def register(self, w: Watch, *, timers: bool) -> None:
-        """Watch a sandbox: its leader's exit (to end what it leaves behind
-        at once, even while a leftover holds its output pipe open) and, with
-        `timers`, its deadlines and samples."""
+    def register(self, w: Watch, *, timers: bool, exit: bool) -> None:
+        """Watch a sandbox: with `timers`, its deadlines and samples; with
+        `exit`, its leader's exit, to end what it leaves behind at once
+        (a leftover holding an output pipe would keep readers waiting)."""
         pidfd = -1
-        if self._exits is not None:
+        if exit and self._exits is not None:
             try:
                 pidfd = os.pidfd_open(w.pid)
             except OSError:

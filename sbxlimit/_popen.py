@@ -289,10 +289,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         # The supervisor is needed for timers and samples, for pumps, and to
         # end leftovers at once when someone reads the output: a leftover
         # holding the pipe would otherwise keep communicate() waiting.
-        if p.needs_monitor or pumps or (p.active and (c2pread != -1 or errread != -1)):
-            self._sbx_supervise(pid, pumps)
+        piped = c2pread != -1 or errread != -1
+        if p.needs_monitor or pumps or (p.active and piped):
+            self._sbx_supervise(pid, pumps, piped)
 
-    def _sbx_supervise(self, pid: int, pumps: list[Pump]) -> None:
+    def _sbx_supervise(self, pid: int, pumps: list[Pump], piped: bool) -> None:
         p = self._sbx_plan
         monitor = get_monitor()
         watch = self._sbx_watch = Watch(
@@ -312,7 +313,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         # elsewhere (a file, the terminal, a foreign pipe) wait() also waits
         # for the pump to pass the last bytes on.
         self._sbx_flush = [pump for pump in pumps if pump.mode != "nonblock"]
-        monitor.register(watch, timers=p.needs_monitor)
+        monitor.register(watch, timers=p.needs_monitor, exit=piped or bool(pumps))
 
     def _sbx_make_pumps(
         self,

@@ -307,10 +307,7 @@ class Outcome:
     ) -> None:
         self.args = args
         self.killed_by_caller = killed_by_caller
-        # A spawned child starts with its parent's RSS high-water mark (it
-        # shares or copies the parent's memory until execve), so ru_maxrss
-        # says something about the child only when it is above ours.
-        self.parent_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.parent_maxrss = 0
         self.returncode = returncode
         self.rusage = rusage
         self.wall = wall
@@ -325,6 +322,11 @@ class Outcome:
         if self._usage is None:
             ru, w = self.rusage, self.watch
             peak = None
+            # A spawned child starts with its parent's RSS high-water mark
+            # (it shares or copies the parent's memory until execve), so
+            # ru_maxrss says something about the child only when it is above
+            # ours.  Ours only grows: reading it now errs on the safe side.
+            self.parent_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             if ru is not None and ru.ru_maxrss > self.parent_maxrss:
                 peak = ru.ru_maxrss * _MAXRSS_UNIT
             if w is not None and w.memory_peak:
