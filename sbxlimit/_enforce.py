@@ -13,6 +13,7 @@ Mechanism strings: ``<mechanism>[+<mechanism>...][ (<caveat>)]``, or
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import resource
@@ -23,7 +24,7 @@ from . import _core
 from ._limits import Limits
 from ._policy import Policy
 
-__all__ = ["UNENFORCED", "Plan", "plan", "warn_downgrades"]
+__all__ = ["UNENFORCED", "Plan", "can_raise_hard_limits", "plan", "warn_downgrades"]
 
 UNENFORCED = "unenforced: "
 _NOT_DUMPABLE = (
@@ -99,7 +100,7 @@ def plan(limits: Limits | None, policy: Policy | None, *, uid: int) -> Plan:
     Plans are cached: the same request on the same machine state gets the
     same (read-only) Plan.  The key includes the inherited hard limits,
     which decide clamping for an unprivileged process."""
-    privileged = _is_root()
+    privileged = can_raise_hard_limits()
     hard = () if privileged else tuple(resource.getrlimit(r)[1] for r in _HARD)
     key = (limits, policy, uid, privileged, hard)
     p = _cache.get(key)
@@ -241,7 +242,21 @@ def _plan_policy(p: Plan, policy: Policy) -> None:
         _downgrade(p, "not_dumpable", _NOT_DUMPABLE)
 
 
-def _is_root() -> bool:
+_CAP_SYS_RESOURCE = 24
+
+
+@functools.cache
+def can_raise_hard_limits() -> bool:
+    """Whether setrlimit may raise a hard limit here: CAP_SYS_RESOURCE on
+    Linux (root in a container often lacks it), root elsewhere."""
+    if LINUX:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("CapEff:"):
+                        return bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
+        except OSError:
+            pass
     return os.geteuid() == 0
 
 

@@ -75,7 +75,10 @@ _STEP_HINTS = {
 
 def _hint_for(step: str, errno_: int) -> str:
     if step == "rlimit:RLIMIT_NOFILE" and os.geteuid() == 0:
-        return "RLIMIT_NOFILE cannot exceed the kernel's fs.nr_open, even for root."
+        return (
+            "RLIMIT_NOFILE cannot exceed the kernel's fs.nr_open, and raising any hard "
+            "limit needs CAP_SYS_RESOURCE, which root in a container may lack."
+        )
     if step.startswith("rlimit:"):
         return (
             "a limit above the inherited hard limit needs CAP_SYS_RESOURCE; "

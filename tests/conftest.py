@@ -31,6 +31,18 @@ def why_not(check: str) -> str:
     return f"doctor: {c.name} {c.status}: {c.reason}"
 
 
+def holds(field: str) -> str:
+    """A skip reason from doctor()'s summary: what holds `field` here."""
+    return f"doctor: {field} is held by {report().summary.get(field)!r} here"
+
+
+def privileges() -> str:
+    """A skip reason from doctor()'s facts about this process."""
+    s = report().system
+    caps = ", ".join(s["capabilities"]) or "none"
+    return f"doctor: uid {s['uid']}, capabilities: {caps}"
+
+
 def _children(pid: int) -> set[int]:
     """Descendants of pid, through /proc/PID/task/*/children."""
     found: set[int] = set()

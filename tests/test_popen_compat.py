@@ -20,6 +20,8 @@ import pytest
 
 import sbxlimit
 
+from .conftest import privileges
+
 PY = sys.executable
 
 CLASSES = {
@@ -161,7 +163,7 @@ def test_missing_program_errors(Popen):
 
 def test_permission_error(Popen, tmp_path):
     if os.geteuid() == 0:
-        pytest.skip("root may execute any file with an x bit; this checks a file without one")
+        pytest.skip(f"root may execute any file with an x bit ({privileges()})")
     f = tmp_path / "noexec"
     f.write_text("#!/bin/sh\necho hi\n")
     f.chmod(0o644)
@@ -263,7 +265,7 @@ def test_restore_signals(Popen):
     assert _sigign(Popen, restore_signals=False) & pipe
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="changing user needs root (CAP_SETUID)")
+@pytest.mark.skipif(os.geteuid() != 0, reason=f"changing user needs CAP_SETUID ({privileges()})")
 def test_user_group_extra_groups(Popen):
     # /bin/sh, not this Python: it may live where nobody cannot read.
     p = Popen(
@@ -278,7 +280,7 @@ def test_user_group_extra_groups(Popen):
     assert (uid, gid, sorted(groups)) == (b"65534", b"65534", [b"100", b"65534"])
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may change user")
+@pytest.mark.skipif(os.geteuid() == 0, reason=f"root may change user ({privileges()})")
 def test_user_change_refused_unprivileged(Popen):
     with pytest.raises(PermissionError):
         Popen(["true"], user=0 if os.geteuid() else 1)

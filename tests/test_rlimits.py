@@ -13,6 +13,9 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits
+from sbxlimit._enforce import can_raise_hard_limits
+
+from .conftest import holds, privileges
 
 PY = sys.executable
 ROOT = os.geteuid() == 0
@@ -161,7 +164,7 @@ time.sleep(3)
 """
 
 
-@pytest.mark.skipif(ROOT, reason="RLIMIT_NPROC does not bind root (enforced says watchdog:pids)")
+@pytest.mark.skipif(ROOT, reason=f"RLIMIT_NPROC does not bind root: {holds('pids')}")
 def test_pids_rlimit_nproc_unprivileged():
     r = run_py(FORK_LOOP, limits=Limits(pids=16), capture_output=True, text=True)
     assert r.stdout.startswith("refused")
@@ -171,7 +174,7 @@ def test_pids_rlimit_nproc_unprivileged():
     assert "counts every process of uid" in r.enforced["pids"]
 
 
-@pytest.mark.skipif(not ROOT, reason="as non-root RLIMIT_NPROC refuses the fork first")
+@pytest.mark.skipif(not ROOT, reason=f"RLIMIT_NPROC refuses the fork first: {holds('pids')}")
 def test_pids_watchdog_root():
     r = run_py(FORK_LOOP, limits=Limits(pids=16), capture_output=True, text=True)
     t = r.termination
@@ -199,7 +202,10 @@ def test_core_dumps_off_in_every_sandbox():
     assert r.stdout.strip() == str(resource.getrlimit(resource.RLIMIT_CORE))
 
 
-@pytest.mark.skipif(ROOT, reason="root may raise hard limits, so nothing is clamped")
+@pytest.mark.skipif(
+    can_raise_hard_limits(),
+    reason=f"CAP_SYS_RESOURCE raises hard limits, nothing is clamped ({privileges()})",
+)
 def test_request_above_hard_limit_is_clamped_and_said():
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     r = run_py("pass", limits=Limits(open_files=hard + 1000))
