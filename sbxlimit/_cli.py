@@ -217,18 +217,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         warnings.simplefilter("always", RuntimeWarning)
         try:
             proc = Popen(cmd, limits=limits or Limits(), policy=policy)
-        except UnsupportedError as e:
+        except (UnsupportedError, SandboxSetupError) as e:  # before OSError: both can be
             print(f"sbxlimit: {e}", file=sys.stderr)
             return EXIT_SETUP
-        except FileNotFoundError as e:
+        except OSError as e:  # from exec: the program itself
             print(f"sbxlimit: {cmd[0]}: {e.strerror}", file=sys.stderr)
-            return EXIT_NOTFOUND
-        except SandboxSetupError as e:
-            print(f"sbxlimit: {e}", file=sys.stderr)
-            return EXIT_SETUP
-        except OSError as e:
-            print(f"sbxlimit: {cmd[0]}: {e.strerror}", file=sys.stderr)
-            return EXIT_NOEXEC
+            return EXIT_NOTFOUND if isinstance(e, FileNotFoundError) else EXIT_NOEXEC
     for w in caught:
         text = str(w.message).removeprefix("sbxlimit: ")
         print(f"sbxlimit: warning: {text}", file=sys.stderr)

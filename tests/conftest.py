@@ -43,6 +43,25 @@ def privileges() -> str:
     return f"doctor: uid {s['uid']}, capabilities: {caps}"
 
 
+def alive(pid: int) -> bool:
+    """True while pid runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, timeout: float = 5.0) -> list[int]:
+    """Wait until none of pids runs; return those still running."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.02)
+    return [p for p in pids if alive(p)]
+
+
 def _children(pid: int) -> set[int]:
     """Descendants of pid, through /proc/PID/task/*/children."""
     found: set[int] = set()

@@ -8,11 +8,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
-from .conftest import why_not
+from .conftest import alive, wait_gone, why_not
 
 PY = sys.executable
 CLI = [PY, "-m", "sbxlimit"]
@@ -23,21 +22,6 @@ def cli(*args: str, **kw) -> subprocess.CompletedProcess:
     kw.setdefault("text", True)
     kw.setdefault("timeout", 60)
     return subprocess.run([*CLI, *args], **kw)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pids, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.02)
-    return [p for p in pids if alive(p)]
 
 
 HOG = (

@@ -16,30 +16,13 @@ import pytest
 import sbxlimit
 from sbxlimit import Limits
 
+from .conftest import alive, wait_gone
+
 PY = sys.executable
 
 
 def run_py(code: str, **kw) -> sbxlimit.SandboxResult:
     return sbxlimit.run([PY, "-c", code], **kw)
-
-
-def alive(pid: int) -> bool:
-    """True while pid runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pids, timeout=5.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if alive(p)]
-        if not left:
-            return []
-        time.sleep(0.02)
-    return [p for p in pids if alive(p)]
 
 
 # -- wall_time ------------------------------------------------------------
