@@ -235,21 +235,31 @@ def _check_rlimits() -> Check:
     hard = {n: resource.getrlimit(getattr(resource, f"RLIMIT_{n}"))[1] for n in names}
     finite = {n: h for n, h in hard.items() if h != resource.RLIM_INFINITY}
     # A real use: every rlimit the core sets, read back by the program.
+    checked = ["CPU", "FSIZE", "NOFILE", "DATA", "AS", "CORE"]
+    limits = Limits(cpu_time=30, file_size="1Gi", open_files=64, memory="1Gi", address_space="8Gi")
+    want = [30, 1 << 30, 64, 1 << 30, 8 << 30, 0]
+    if os.geteuid() != 0:  # RLIMIT_NPROC does not bind root: not set then
+        checked.append("NPROC")
+        limits = Limits(**{**limits.to_dict(), "pids": 4096})
+        want.append(4096)
     code = (
         "import resource as r\n"
-        "print(*(r.getrlimit(getattr(r, 'RLIMIT_' + n))[0] for n in "
-        "('CPU', 'FSIZE', 'NOFILE', 'DATA', 'CORE')))"
+        f"print(*(r.getrlimit(getattr(r, 'RLIMIT_' + n))[0] for n in {checked!r}))"
     )
-    res = run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        limits=Limits(cpu_time=30, file_size="1Gi", open_files=64, memory="1Gi"),
-    )
-    want = f"30 {1 << 30} 64 {1 << 30} 0"
-    if res.stdout.strip() != want:
-        return Check("rlimits", UNAVAILABLE, f"set in the child, read back {res.stdout.strip()!r}")
-    reason = "CPU, FSIZE, DATA, AS, NOFILE, NPROC, CORE set in the child and read back"
+    res = run([sys.executable, "-c", code], capture_output=True, text=True, limits=limits)
+    got = res.stdout.split()
+    if got != [str(w) for w in want]:
+        if finite:
+            return Check(
+                "rlimits",
+                DEGRADED,
+                f"set {', '.join(checked)} in the child, read back {' '.join(got)!r} "
+                f"(clamped by hard limits: {finite})",
+                "raise the hard limits (ulimit -H, /etc/security/limits.conf)",
+                {"hard": hard},
+            )
+        return Check("rlimits", UNAVAILABLE, f"set in the child, read back {' '.join(got)!r}")
+    reason = f"{', '.join(checked)} set in the child and read back"
     if finite and not can_raise_hard_limits():
         caps = ", ".join(f"{n}={v}" for n, v in finite.items())
         return Check(
