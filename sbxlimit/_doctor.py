@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _core
+from ._cgroupfs import mounts, own_cgroups, v2_mount
 from ._enforce import UNENFORCED, can_raise_hard_limits, plan
 from ._limits import Limits
 from ._policy import Policy
@@ -289,40 +290,6 @@ def _check_proc_tree() -> Check:
     return Check("proc_tree", OK, "process trees sampled and signalled through /proc")
 
 
-def _mounts() -> list[tuple[str, str, set[str]]]:
-    out = []
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
-                    out.append((parts[1], parts[2], set(parts[3].split(","))))
-    except OSError:
-        pass
-    return out
-
-
-def _own_cgroups() -> dict[str, str]:
-    """controller (or "" for v2) → path, from /proc/self/cgroup."""
-    own: dict[str, str] = {}
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _id, ctrls, path = line.rstrip("\n").split(":", 2)
-                for c in ctrls.split(",") if ctrls else [""]:
-                    own[c] = path
-    except OSError:
-        pass
-    return own
-
-
-def _v2_mount() -> str | None:
-    for point, kind, _opts in _mounts():
-        if kind == "cgroup2":
-            return point
-    return None
-
-
 def _read(path: str) -> str:
     try:
         with open(path) as f:
@@ -367,10 +334,10 @@ def _cgroup_trial(parent: str, limits: dict[str, str]) -> str | None:
 
 
 def _check_cgroups() -> Check:
-    mounts = _mounts()
-    v1 = {c for _p, kind, opts in mounts if kind == "cgroup" for c in opts}
-    v2 = _v2_mount()
-    own = _own_cgroups()
+    mnts = mounts()
+    v1 = {c for _p, kind, opts in mnts if kind == "cgroup" for c in opts}
+    v2 = v2_mount()
+    own = own_cgroups()
     layout = (
         "unified (v2)"
         if v2 == "/sys/fs/cgroup" and not v1 & {"memory", "pids", "cpu"}
@@ -429,7 +396,7 @@ def _check_cgroups() -> Check:
         ("pids", ("pids.max", "64")),
         ("cpu", ("cpu.cfs_quota_us", "50000")),
     ):
-        point = next((p for p, kind, opts in mounts if kind == "cgroup" and ctrl in opts), None)
+        point = next((p for p, kind, opts in mnts if kind == "cgroup" and ctrl in opts), None)
         if point is None:
             results[ctrl] = "not mounted"
             continue
@@ -456,10 +423,10 @@ def _check_cgroups() -> Check:
 
 
 def _check_clone3_cgroup() -> Check:
-    v2 = _v2_mount()
+    v2 = v2_mount()
     if v2 is None:
         return Check("clone3_cgroup", UNAVAILABLE, "no cgroup v2 mount to be born into")
-    path = os.path.join(v2, _own_cgroups().get("", "/").lstrip("/"))
+    path = os.path.join(v2, own_cgroups().get("", "/").lstrip("/"))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:

@@ -14,6 +14,8 @@ import re
 import shutil
 import tempfile
 
+from ._cgroupfs import sandbox_parents
+
 __all__ = ["collect", "owner_alive"]
 
 _CGROUP = re.compile(r"^sbx-([0-9a-f]+)-[0-9]+$")
@@ -39,40 +41,10 @@ def _owner(name: str, *patterns: tuple[re.Pattern[str], int]) -> int | None:
     return None
 
 
-def _cgroup_parents() -> list[str]:
-    """Directories where sbxlimit creates cgroups: each hierarchy's root and
-    this process's own cgroup in it."""
-    parents: list[str] = []
-    mounts: list[tuple[str, str, set[str]]] = []
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                p = line.split()
-                if len(p) >= 4 and p[2] in ("cgroup", "cgroup2"):
-                    mounts.append((p[1], p[2], set(p[3].split(","))))
-        with open("/proc/self/cgroup") as f:
-            own = {}
-            for line in f:
-                _i, ctrls, path = line.rstrip("\n").split(":", 2)
-                for c in ctrls.split(",") if ctrls else [""]:
-                    own[c] = path
-    except OSError:
-        return parents
-    for point, kind, opts in mounts:
-        parents.append(point)
-        key = "" if kind == "cgroup2" else next((c for c in opts if c in own), None)
-        if key is not None and key in own:
-            parents.append(os.path.join(point, own[key].lstrip("/")))
-    env = os.environ.get("SBXLIMIT_CGROUP_PARENT")
-    if env:
-        parents.append(env)
-    return list(dict.fromkeys(parents))
-
-
 def collect(*, dry_run: bool = False) -> list[str]:
     """Remove leftovers of dead owners; return what was (or would be) removed."""
     removed: list[str] = []
-    for parent in _cgroup_parents():
+    for parent in sandbox_parents():
         try:
             names = os.listdir(parent)
         except OSError:

@@ -1,0 +1,60 @@
+"""Where the cgroup filesystems are and where this process sits in them,
+read from /proc/self/mounts and /proc/self/cgroup.  Shared by doctor(),
+``sbxlimit gc`` and cgroup placement."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["mounts", "own_cgroups", "sandbox_parents", "v2_mount"]
+
+
+def mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, "cgroup" or "cgroup2", options) of every cgroup mount."""
+    out = []
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
+                    out.append((parts[1], parts[2], set(parts[3].split(","))))
+    except OSError:
+        pass
+    return out
+
+
+def own_cgroups() -> dict[str, str]:
+    """controller (or "" for v2) → this process's cgroup path."""
+    own: dict[str, str] = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _id, ctrls, path = line.rstrip("\n").split(":", 2)
+                for c in ctrls.split(",") if ctrls else [""]:
+                    own[c] = path
+    except OSError:
+        pass
+    return own
+
+
+def v2_mount() -> str | None:
+    for point, kind, _opts in mounts():
+        if kind == "cgroup2":
+            return point
+    return None
+
+
+def sandbox_parents() -> list[str]:
+    """Directories where sbxlimit may create cgroups: each hierarchy's root,
+    this process's own cgroup in it, and SBXLIMIT_CGROUP_PARENT."""
+    own = own_cgroups()
+    parents: list[str] = []
+    for point, kind, opts in mounts():
+        parents.append(point)
+        key = "" if kind == "cgroup2" else next((c for c in opts if c in own), None)
+        if key is not None and key in own:
+            parents.append(os.path.join(point, own[key].lstrip("/")))
+    env = os.environ.get("SBXLIMIT_CGROUP_PARENT")
+    if env:
+        parents.append(env)
+    return list(dict.fromkeys(parents))
