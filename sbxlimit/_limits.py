@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ._errors import ConfigError
 from ._units import (
@@ -27,6 +27,8 @@ MANIFEST_DEFAULTS: Mapping[str, str | int] = {
     "max_concurrent_calls": 3,
     "rate_limit": "60/minute",
 }
+
+_T = TypeVar("_T")
 
 _BYTES = ("memory", "file_size", "disk", "output", "address_space")
 _BYTES_ZERO_OK = ("file_size", "output")
@@ -157,16 +159,7 @@ class Limits:
     @classmethod
     def coerce(cls, value: Limits | Mapping[str, Any] | None) -> Limits | None:
         """Accept a Limits, a mapping of its fields, or None."""
-        if value is None or isinstance(value, Limits):
-            return value
-        if isinstance(value, Mapping):
-            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
-            if unknown:
-                raise ConfigError("limits", sorted(unknown), "unknown Limits field(s)")
-            return cls(**value)
-        raise ConfigError(
-            "limits", value, "expected sbxlimit.Limits, a dict of its fields, or None"
-        )
+        return coerce_fields(cls, value, "limits")
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> Limits:
@@ -270,6 +263,21 @@ class Limits:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) is not None and f.name not in ("kill_grace", "truncate_output")
         }
+
+
+def coerce_fields(cls: type[_T], value: object, arg: str) -> _T | None:
+    """`value` as a `cls` (a dataclass): itself, built from a mapping of its
+    fields, or None; anything else is a ConfigError naming `arg`."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        unknown = set(value) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        if unknown:
+            raise ConfigError(arg, sorted(unknown), f"unknown {cls.__name__} field(s)")
+        return cls(**value)
+    raise ConfigError(
+        arg, value, f"expected sbxlimit.{cls.__name__}, a dict of its fields, or None"
+    )
 
 
 def _checked(path: str, field: str, value: object) -> object:

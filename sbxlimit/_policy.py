@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from ._errors import ConfigError
+from ._limits import coerce_fields
 
 __all__ = ["DOTFILES", "Policy"]
 
@@ -166,16 +167,7 @@ class Policy:
     @classmethod
     def coerce(cls, value: Policy | Mapping[str, Any] | None) -> Policy | None:
         """Accept a Policy, a mapping of its fields, or None."""
-        if value is None or isinstance(value, Policy):
-            return value
-        if isinstance(value, Mapping):
-            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
-            if unknown:
-                raise ConfigError("policy", sorted(unknown), "unknown Policy field(s)")
-            return cls(**value)
-        raise ConfigError(
-            "policy", value, "expected sbxlimit.Policy, a dict of its fields, or None"
-        )
+        return coerce_fields(cls, value, "policy")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
