@@ -192,7 +192,7 @@ PyDoc_STRVAR(spawn_doc,
              "spawn(exec_paths, argv, envp, cwd, stdin, stdout, stderr, close_fds,\n"
              "      keep_fds, close_after, restore_signals, new_session, pgid, groups,\n"
              "      gid, uid, umask, rlimits, pdeathsig, no_new_privs, seccomp, landlock_fd,\n"
-             "      cgroup_dirfd,\n"
+             "      ns, cgroup_dirfd,\n"
              "      cgroup_procs, preexec_fn, fail_step, fail_errno, /)\n"
              "--\n\n"
              "Start a child as described and wait until it has exec'd or failed.\n"
@@ -216,7 +216,7 @@ static void close_all(const int *fds, size_t n)
 static PyObject *core_spawn(PyObject *self, PyObject *args)
 {
     PyObject *exec_paths, *argv, *envp, *cwd, *keep_fds, *close_after, *groups, *rlimits;
-    PyObject *cgroup_procs;
+    PyObject *cgroup_procs, *ns;
     PyObject *preexec_fn;
     PyObject *cwd_bytes = NULL, *result = NULL;
     int fd_in, fd_out, fd_err, close_fds, restore_signals, new_session, no_new_privs;
@@ -235,10 +235,10 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     (void)self;
     memset(&st, 0, sizeof st);
     memset(&spec, 0, sizeof spec);
-    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOlliOippiiOOii:spawn", &exec_paths, &argv, &envp,
+    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOlliOipiiOiOOii:spawn", &exec_paths, &argv, &envp,
                           &cwd, &fd_in, &fd_out, &fd_err, &close_fds, &keep_fds, &close_after,
                           &restore_signals, &new_session, &pgid, &groups, &gid, &uid, &umask_,
-                          &rlimits, &pdeathsig, &no_new_privs, &seccomp, &landlock_fd,
+                          &rlimits, &pdeathsig, &no_new_privs, &seccomp, &landlock_fd, &ns,
                           &cgroup_dirfd, &cgroup_procs, &preexec_fn, &fail_step, &fail_errno))
         return NULL;
     /* Take charge of close_after first: from here on they are closed on
@@ -347,8 +347,30 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.parent_pid = getpid();
     spec.no_new_privs = no_new_privs;
     spec.landlock_fd = landlock_fd;
+    spec.tmpfs_sock = -1;
+    if (ns != Py_None) {
+        /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
+         * tmpfs_mkdir, tmpfs_sock): bytes, b"" for none.  The pointers are
+         * borrowed from `args`, alive until we return. */
+        const char *tp, *to, *tm;
+
+        if (!PyArg_ParseTuple(ns, "iyypyyyi;ns is (flags, uid_map, gid_map, loopback, tmpfs_path, "
+                                  "tmpfs_opts, tmpfs_mkdir, tmpfs_sock)",
+                              &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
+                              &to, &tm, &spec.tmpfs_sock))
+            goto done;
+        spec.tmpfs_path = *tp ? tp : NULL;
+        spec.tmpfs_opts = *to ? to : NULL;
+        spec.tmpfs_mkdir = *tm ? tm : NULL;
+        if (!*spec.uid_map)
+            spec.uid_map = spec.gid_map = NULL;
+        if (spec.fork_only && (spec.ns_flags & SBX_CLONE_NEWPID)) {
+            PyErr_SetString(PyExc_ValueError, "a PID namespace needs a program to exec");
+            goto done;
+        }
+    }
     if (seccomp) {
-        int brc = sbx_seccomp_build(filter, SBX_SECCOMP_MAX, &spec.n_seccomp);
+        int brc = sbx_seccomp_build(filter, SBX_SECCOMP_MAX, &spec.n_seccomp, seccomp);
 
         if (brc < 0) {
             errno = -brc;
@@ -649,16 +671,21 @@ static PyObject *core_seatbelt_canonical(PyObject *self, PyObject *arg)
 }
 
 PyDoc_STRVAR(landlock_ruleset_doc,
-             "landlock_ruleset(handled, rules, /) -> (fd, added)\n"
+             "landlock_ruleset(handled, rules, handled_net=0, net_access=0, ports=(),\n"
+             "                 scoped=0, /) -> (fd, added)\n"
              "--\n\n"
              "A Landlock ruleset handling `handled` that allows `access` beneath each\n"
-             "`path` of rules ((path, access) pairs; missing paths are skipped).\n"
+             "`path` of rules ((path, access) pairs; missing paths are skipped);\n"
+             "with handled_net (ABI 4) it allows net_access on each TCP port of\n"
+             "ports, and scoped (ABI 6) restricts IPC scopes.\n"
              "Returns its fd (close-on-exec, the caller closes it) and the rules made.");
 
 static PyObject *core_landlock_ruleset(PyObject *self, PyObject *args)
 {
-    unsigned long long handled;
-    PyObject *rules, *fast = NULL, *keep = NULL, *result = NULL;
+    unsigned long long handled, handled_net = 0, net_access = 0, scoped = 0;
+    PyObject *rules, *fast = NULL, *keep = NULL, *result = NULL, *ports = NULL;
+    struct sbx_landlock_net net;
+    uint16_t *port_list = NULL;
     const char **paths = NULL;
     uint64_t *access = NULL;
     Py_ssize_t i, n;
@@ -666,8 +693,38 @@ static PyObject *core_landlock_ruleset(PyObject *self, PyObject *args)
     int fd;
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "KO:landlock_ruleset", &handled, &rules))
+    if (!PyArg_ParseTuple(args, "KO|KKOK:landlock_ruleset", &handled, &rules, &handled_net,
+                          &net_access, &ports, &scoped))
         return NULL;
+    memset(&net, 0, sizeof net);
+    net.handled_net = handled_net;
+    net.net_access = net_access;
+    net.scoped = scoped;
+    if (ports && ports != Py_None) {
+        int *tmp = NULL;
+        size_t k;
+
+        if (to_ints(ports, "ports must be a sequence of ints", &tmp, &net.n_ports) < 0) {
+            PyMem_Free(tmp);
+            return NULL;
+        }
+        port_list = PyMem_Calloc(net.n_ports + 1, sizeof *port_list);
+        if (!port_list) {
+            PyMem_Free(tmp);
+            return PyErr_NoMemory();
+        }
+        for (k = 0; k < net.n_ports; k++) {
+            if (tmp[k] < 0 || tmp[k] > 65535) {
+                PyMem_Free(tmp);
+                PyMem_Free(port_list);
+                PyErr_SetString(PyExc_ValueError, "ports must be 0..65535");
+                return NULL;
+            }
+            port_list[k] = (uint16_t)tmp[k];
+        }
+        PyMem_Free(tmp);
+        net.ports = port_list;
+    }
     fast = PySequence_Fast(rules, "rules must be a sequence of (path, access)");
     if (!fast)
         return NULL;
@@ -697,7 +754,7 @@ static PyObject *core_landlock_ruleset(PyObject *self, PyObject *args)
         access[i] = acc;
     }
     Py_BEGIN_ALLOW_THREADS
-        fd = sbx_landlock_ruleset(handled, paths, access, (size_t)n, &added);
+        fd = sbx_landlock_ruleset(handled, paths, access, (size_t)n, &net, &added);
     Py_END_ALLOW_THREADS
     if (fd < 0) {
         errno = -fd;
@@ -706,6 +763,7 @@ static PyObject *core_landlock_ruleset(PyObject *self, PyObject *args)
     }
     result = Py_BuildValue("(in)", fd, (Py_ssize_t)added);
 done:
+    PyMem_Free(port_list);
     PyMem_Free(paths);
     PyMem_Free(access);
     Py_XDECREF(keep);
@@ -752,6 +810,10 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "PROBE_UNSHARE", SBX_PROBE_UNSHARE) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_CLONE3_CGROUP", SBX_PROBE_CLONE3_CGROUP) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_HANG", SBX_PROBE_HANG) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_NAMESPACES", SBX_PROBE_NAMESPACES) < 0 ||
+        PyModule_AddIntConstant(m, "SECCOMP_HARDEN", SBX_SECCOMP_HARDEN) < 0 ||
+        PyModule_AddIntConstant(m, "SECCOMP_NET_DENY", SBX_SECCOMP_NET_DENY) < 0 ||
+        PyModule_AddIntConstant(m, "SECCOMP_NET_PROXY", SBX_SECCOMP_NET_PROXY) < 0 ||
         PyModule_AddIntConstant(m, "HOW_VM", SBX_HOW_VM) < 0 ||
         PyModule_AddIntConstant(m, "HOW_CLONE3", SBX_HOW_CLONE3) < 0 ||
         PyModule_AddIntConstant(m, "HOW_INTO_CGROUP", SBX_HOW_INTO_CGROUP) < 0)
@@ -768,7 +830,8 @@ static int core_exec(PyObject *m)
         size_t n;
 
         if (PyModule_AddIntConstant(m, "HAS_SECCOMP",
-                                    sbx_seccomp_build(probe, SBX_SECCOMP_MAX, &n) == 0) < 0)
+                                    sbx_seccomp_build(probe, SBX_SECCOMP_MAX, &n,
+                                                      SBX_SECCOMP_HARDEN) == 0) < 0)
             return -1;
     }
 #if defined(__linux__) || defined(__APPLE__)

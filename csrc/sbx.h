@@ -27,6 +27,11 @@ enum sbx_step {
     SBX_STEP_SETSID,        /* "session:setsid" */
     SBX_STEP_SETPGID,       /* "session:setpgid", detail = pgid */
     SBX_STEP_PDEATHSIG,     /* "pdeathsig" */
+    SBX_STEP_NS_UNSHARE,    /* "ns:unshare", detail = CLONE_NEW* flags */
+    SBX_STEP_NS_IDMAP,      /* "ns:idmap" (user namespace uid/gid maps) */
+    SBX_STEP_NS_LOOPBACK,   /* "ns:loopback" (lo up in a new netns) */
+    SBX_STEP_NS_MOUNT,      /* "ns:mount", detail: 0 slave, 1 tmpfs, 2 mkdir, 3 fd */
+    SBX_STEP_NS_PID,        /* "ns:pid", detail: 0 PID 1's fork, 1 the target's */
     SBX_STEP_RLIMIT_CORE,   /* "rlimit:RLIMIT_CORE", detail = soft value */
     SBX_STEP_RLIMIT_CPU,
     SBX_STEP_RLIMIT_FSIZE,
@@ -125,6 +130,22 @@ struct sbx_spec {
     const int *cgroup_procs;
     size_t n_cgroup_procs;
 
+    /* Namespaces (linux/namespaces.c), entered after pdeathsig.  ns_flags:
+     * the CLONE_NEW* flags to unshare (0: none).  With CLONE_NEWUSER,
+     * uid_map/gid_map are written ("inside outside count\n").  With
+     * CLONE_NEWNET, ns_loopback brings lo up.  With CLONE_NEWNS, mounts are
+     * made slaves first; tmpfs_path (NULL: none) gets a tmpfs with mount
+     * data tmpfs_opts, tmpfs_mkdir is made in it, and an fd of its root is
+     * sent on the datagram socket tmpfs_sock (SCM_RIGHTS) for the parent to
+     * read it after the namespace is gone.  CLONE_NEWPID forces fork(): the
+     * child forks PID 1, a reaper, which forks the target. */
+    int ns_flags;
+#define SBX_CLONE_NEWPID 0x20000000 /* Linux's CLONE_NEWPID, for portable code */
+    const char *uid_map, *gid_map;
+    int ns_loopback;
+    const char *tmpfs_path, *tmpfs_opts, *tmpfs_mkdir;
+    int tmpfs_sock;
+
     sbx_child_hook hook; /* non-NULL forces fork() instead of vfork() */
 
     /* fork() and run the setup steps (up to no_new_privs), then return to
@@ -198,20 +219,32 @@ int sbx_cgroup_fs_kind(const char *path);
 
 /* A ruleset handling `handled` (LANDLOCK_ACCESS_FS_* bits) that allows
  * access[i] beneath paths[i]; paths that do not exist are skipped (*added
- * counts the rules made).  Returns the ruleset fd (close-on-exec), or
- * -errno. */
+ * counts the rules made).  With handled_net (LANDLOCK_ACCESS_NET_*, ABI 4)
+ * it allows net_access on each of ports[]; scoped (ABI 6) is passed as is.
+ * Returns the ruleset fd (close-on-exec), or -errno. */
+struct sbx_landlock_net {
+    uint64_t handled_net, net_access, scoped;
+    const uint16_t *ports;
+    size_t n_ports;
+};
 int sbx_landlock_ruleset(uint64_t handled, const char *const *paths, const uint64_t *access,
-                         size_t n, size_t *added);
+                         size_t n, const struct sbx_landlock_net *net, size_t *added);
 
 /* ---- seccomp (linux/seccomp.c) --------------------------------------------- */
 
-/* Instructions a hardening filter needs at most. */
-#define SBX_SECCOMP_MAX 96
+/* Instructions a filter needs at most. */
+#define SBX_SECCOMP_MAX 128
 
-/* Build the hardening filter (struct sock_filter[], 8 bytes each) into out
- * (cap instructions).  Returns 0 with *n set, -ENOSPC, or -ENOSYS where
- * this architecture has no filter. */
-int sbx_seccomp_build(void *out, size_t cap, size_t *n);
+/* What a filter refuses (EPERM), a bit set for sbx_seccomp_build. */
+#define SBX_SECCOMP_HARDEN    1 /* ptrace, bpf, mount, keys, io_uring ... */
+#define SBX_SECCOMP_NET_DENY  2 /* socket(AF_INET, AF_INET6, AF_PACKET), io_uring */
+#define SBX_SECCOMP_NET_PROXY 4 /* AF_PACKET; AF_INET* other than TCP stream; io_uring */
+
+/* Build a filter (struct sock_filter[], 8 bytes each) into out (cap
+ * instructions) refusing what `what` (SBX_SECCOMP_*) names, and every call
+ * of another ABI.  Returns 0 with *n set, -ENOSPC, -EINVAL (nothing asked),
+ * or -ENOSYS where this architecture has no filter. */
+int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what);
 
 /* ---- doctor's probes (probe.c) ------------------------------------------ */
 
@@ -222,7 +255,8 @@ enum sbx_probe_kind {
     SBX_PROBE_SECCOMP,       /* load an allow-all filter, in a child */
     SBX_PROBE_UNSHARE,       /* unshare(arg = CLONE_* flags), in a child */
     SBX_PROBE_CLONE3_CGROUP, /* clone3(CLONE_INTO_CGROUP) into dirfd arg */
-    SBX_PROBE_HANG           /* for tests: a child that never answers */
+    SBX_PROBE_HANG,          /* for tests: a child that never answers */
+    SBX_PROBE_NAMESPACES     /* unshare(arg) and set each namespace up, in a child */
 };
 
 /* Try one mechanism; returns 0 when it works, else the errno it failed

@@ -27,6 +27,13 @@ int sbx_landlock_restrict_child(const struct sbx_spec *s);
 /* linux/seccomp.c, child side: load spec->seccomp (no_new_privs set). */
 int sbx_seccomp_load_child(const struct sbx_spec *s);
 
+/* linux/namespaces.c, child side: enter spec->ns_flags' namespaces and
+ * set them up; with CLONE_NEWPID returns only in the target's process. */
+void sbx_ns_enter_child(const struct sbx_child_ctx *ctx);
+/* linux/namespaces.c, in a probe's child: the same sequence for flags;
+ * 0, or -1 with errno. */
+int sbx_ns_probe_child(long flags);
+
 /* linux/cgroup.c, child side: join the cgroups of the spec. */
 void sbx_cgroup_join_child(const struct sbx_child_ctx *ctx);
 

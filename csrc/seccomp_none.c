@@ -1,13 +1,14 @@
-/* seccomp_none.c -- platforms without seccomp and Landlock. */
+/* seccomp_none.c -- platforms without seccomp, Landlock and namespaces. */
 #include <errno.h>
 
 #include "sbx_internal.h"
 
-int sbx_seccomp_build(void *out, size_t cap, size_t *n)
+int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what)
 {
     (void)out;
     (void)cap;
     (void)n;
+    (void)what;
     return -ENOSYS;
 }
 
@@ -19,8 +20,9 @@ int sbx_seccomp_load_child(const struct sbx_spec *s)
 }
 
 int sbx_landlock_ruleset(uint64_t handled, const char *const *paths, const uint64_t *access,
-                         size_t n, size_t *added)
+                         size_t n, const struct sbx_landlock_net *net, size_t *added)
 {
+    (void)net;
     (void)handled;
     (void)paths;
     (void)access;
@@ -32,6 +34,18 @@ int sbx_landlock_ruleset(uint64_t handled, const char *const *paths, const uint6
 int sbx_landlock_restrict_child(const struct sbx_spec *s)
 {
     (void)s;
+    errno = ENOSYS;
+    return -1;
+}
+
+void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
+{
+    sbx_child_fail(ctx, SBX_STEP_NS_UNSHARE, ENOSYS, ctx->spec->ns_flags);
+}
+
+int sbx_ns_probe_child(long flags)
+{
+    (void)flags;
     errno = ENOSYS;
     return -1;
 }

@@ -56,6 +56,11 @@ static const char *const step_names[SBX_STEP__COUNT] = {
     [SBX_STEP_SETSID] = "session:setsid",
     [SBX_STEP_SETPGID] = "session:setpgid",
     [SBX_STEP_PDEATHSIG] = "pdeathsig",
+    [SBX_STEP_NS_UNSHARE] = "ns:unshare",
+    [SBX_STEP_NS_IDMAP] = "ns:idmap",
+    [SBX_STEP_NS_LOOPBACK] = "ns:loopback",
+    [SBX_STEP_NS_MOUNT] = "ns:mount",
+    [SBX_STEP_NS_PID] = "ns:pid",
     [SBX_STEP_RLIMIT_CORE] = "rlimit:RLIMIT_CORE",
     [SBX_STEP_RLIMIT_CPU] = "rlimit:RLIMIT_CPU",
     [SBX_STEP_RLIMIT_FSIZE] = "rlimit:RLIMIT_FSIZE",
@@ -268,6 +273,10 @@ static void child_setup(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_SETPGID, s->pgid, setpgid(0, s->pgid));
     if (s->pdeathsig > 0)
         SBX_CHILD_STEP(ctx, SBX_STEP_PDEATHSIG, s->pdeathsig, set_pdeathsig_child(ctx));
+    /* Before the rlimits (RLIMIT_NPROC would count the PID namespace's
+     * reaper) and before chdir (the workspace may become a tmpfs). */
+    if (s->ns_flags)
+        sbx_ns_enter_child(ctx);
     sbx_rlimit_apply_child(ctx);
     if (s->cwd)
         SBX_CHILD_STEP(ctx, SBX_STEP_CHDIR, 0, chdir(s->cwd));
@@ -441,7 +450,10 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
     memset(&ctx, 0, sizeof ctx);
     ctx.spec = spec;
     ctx.errfd = pipefd[1];
-    ctx.vforked = SBX_USE_VFORK && spec->hook == NULL && !spec->fork_only;
+    /* A PID namespace's outer child lives on as the target's mirror: it
+     * cannot share our memory. */
+    ctx.vforked = SBX_USE_VFORK && spec->hook == NULL && !spec->fork_only &&
+                  !(spec->ns_flags & SBX_CLONE_NEWPID);
 
 #if SBX_USE_VFORK
     if (ctx.vforked) {

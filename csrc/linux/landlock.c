@@ -5,13 +5,16 @@
  * Landlock only allows: what a policy denies inside an allowed tree is done
  * by the Python layer allowing the siblings along the way instead
  * (sbxlimit/_landlock.py).  Rights the running kernel's ABI does not know
- * are never asked for, as the kernel's own sample does.
+ * are never asked for, as the kernel's own sample does.  From ABI 4 the
+ * same ruleset can hold TCP port rules (bind/connect), from ABI 6 scopes
+ * (abstract unix sockets).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -34,7 +37,14 @@
  * does not depend on the installed headers' version. */
 struct sbx_ll_ruleset_attr {
     uint64_t handled_access_fs;
+    uint64_t handled_access_net; /* ABI 4 */
+    uint64_t scoped;             /* ABI 6 */
 };
+struct sbx_ll_net_port {
+    uint64_t allowed_access;
+    uint64_t port;
+};
+#define SBX_LL_RULE_NET_PORT 2
 struct sbx_ll_path_beneath {
     uint64_t allowed_access;
     int32_t parent_fd;
@@ -45,15 +55,25 @@ struct sbx_ll_path_beneath {
 #define SBX_LL_FILE_RIGHTS ((1ULL << 0) | (1ULL << 1) | (1ULL << 2) | (1ULL << 14) | (1ULL << 15))
 
 int sbx_landlock_ruleset(uint64_t handled, const char *const *paths, const uint64_t *access,
-                         size_t n, size_t *added)
+                         size_t n, const struct sbx_landlock_net *net, size_t *added)
 {
     struct sbx_ll_ruleset_attr attr;
-    size_t i;
+    size_t i, size = sizeof attr.handled_access_fs;
     int fd;
 
     memset(&attr, 0, sizeof attr);
     attr.handled_access_fs = handled;
-    fd = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+    /* The smallest struct that holds what is asked: an older kernel
+     * refuses a larger one with non-zero fields it does not know. */
+    if (net && net->handled_net) {
+        attr.handled_access_net = net->handled_net;
+        size = offsetof(struct sbx_ll_ruleset_attr, scoped);
+    }
+    if (net && net->scoped) {
+        attr.scoped = net->scoped;
+        size = sizeof attr;
+    }
+    fd = (int)syscall(SYS_landlock_create_ruleset, &attr, size, 0);
     if (fd < 0)
         return -errno;
     (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
@@ -81,6 +101,15 @@ int sbx_landlock_ruleset(uint64_t handled, const char *const *paths, const uint6
             goto fail;
         }
         close(pfd);
+        (*added)++;
+    }
+    for (i = 0; net && net->handled_net && i < net->n_ports; i++) {
+        struct sbx_ll_net_port rule;
+
+        rule.allowed_access = net->net_access & net->handled_net;
+        rule.port = net->ports[i];
+        if (syscall(SYS_landlock_add_rule, fd, SBX_LL_RULE_NET_PORT, &rule, 0) < 0)
+            goto fail;
         (*added)++;
     }
     return fd;

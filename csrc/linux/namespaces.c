@@ -1,0 +1,375 @@
+/* namespaces.c -- the child's namespaces: user (when unprivileged), network,
+ * mount and PID, entered right after pdeathsig and before the rlimits.
+ *
+ * Everything is prepared in the parent (map strings, mount data, paths);
+ * the child only makes system calls.  Order matters:
+ *   unshare -> id maps (before anything that creates files or needs a
+ *   mapped uid) -> loopback up -> mounts made slaves (so that nothing
+ *   mounted here propagates to the host) -> tmpfs on the workspace, its
+ *   root's fd sent to the parent -> PID namespace: fork PID 1.
+ *
+ * A mount namespace dies with its last process, and the tmpfs with it; the
+ * parent keeps the fd it was sent, so what the program left stays readable
+ * until the caller closes the sandbox (SPEC 3, workdir).
+ *
+ * PID namespace: unshare(CLONE_NEWPID) moves the caller's future children,
+ * not the caller.  The child (it was fork()ed, not vfork()ed: it outlives
+ * exec) forks PID 1, a reaper that forwards signals to the target and reaps
+ * whatever is orphaned inside; PID 1 forks the target, which goes on with
+ * the setup.  When the target ends, PID 1 sends its wait status to the
+ * outer child and exits, and the kernel kills everything left in the
+ * namespace.  The outer child then ends the same way the target did, by
+ * the same signal if it was one: PID 1 itself cannot die of a signal it
+ * sends itself, so it cannot be the process the caller waits for.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../sbx_internal.h"
+
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+static int write_file(const char *path, const char *text)
+{
+    size_t len = strlen(text);
+    ssize_t n;
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return -1;
+    do {
+        n = write(fd, text, len);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* An unprivileged user namespace may map only its creator's ids, and only
+ * once setgroups is denied. */
+static int idmap(const char *uid_map, const char *gid_map)
+{
+    if (write_file("/proc/self/setgroups", "deny") < 0 && errno != ENOENT)
+        return -1;
+    if (write_file("/proc/self/uid_map", uid_map) < 0)
+        return -1;
+    return write_file("/proc/self/gid_map", gid_map);
+}
+
+/* A new network namespace has only lo, and it is down. */
+static int loopback_up(void)
+{
+    struct ifreq ifr;
+    int saved, fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+    if (fd < 0)
+        return -1;
+    memset(&ifr, 0, sizeof ifr);
+    memcpy(ifr.ifr_name, "lo", 3);
+    if (ioctl(fd, SIOCGIFFLAGS, &ifr) < 0)
+        goto fail;
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(fd, SIOCSIFFLAGS, &ifr) < 0)
+        goto fail;
+    close(fd);
+    return 0;
+fail:
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+}
+
+/* Mounts made from here on stay in this namespace; the host's still reach
+ * us.  Without this, a shared "/" (systemd's default) would carry the
+ * tmpfs, and a new /proc, back to the host. */
+static int make_slave(void)
+{
+    return mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
+}
+
+/* Send fd over the datagram socket sock (SCM_RIGHTS). */
+static int send_fd(int sock, int fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg;
+    struct iovec iov;
+    struct cmsghdr *cm;
+    char byte = 'W';
+    ssize_t n;
+
+    memset(&msg, 0, sizeof msg);
+    memset(&u, 0, sizeof u);
+    iov.iov_base = &byte;
+    iov.iov_len = 1;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    do {
+        n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n < 0 ? -1 : 0;
+}
+
+static int send_root_fd(const struct sbx_spec *s)
+{
+    int saved, rc, fd = open(s->tmpfs_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+    if (fd < 0)
+        return -1;
+    rc = send_fd(s->tmpfs_sock, fd);
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+/* Close every fd but keep (-1: none): the long-lived processes of a PID
+ * namespace must not hold the caller's pipe ends open. */
+static void close_all_but(int keep)
+{
+    if (keep > 0 && syscall(SYS_close_range, 0, (unsigned)keep - 1, 0) == 0 &&
+        syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0) == 0)
+        return;
+    if (keep < 0 && syscall(SYS_close_range, 0, ~0U, 0) == 0)
+        return;
+    /* Older kernels: the first 65536 are enough for a process we made. */
+    for (int fd = 0; fd < 65536; fd++)
+        if (fd != keep)
+            (void)close(fd);
+}
+
+static int wait_signal(const sigset_t *set)
+{
+    int sig;
+
+    do {
+        sig = sigwaitinfo(set, NULL);
+    } while (sig < 0 && errno == EINTR);
+    return sig;
+}
+
+/* PID 1: forward every signal to the target, reap every orphan, and when
+ * the target is gone hand its status to the outer child and exit (the
+ * kernel then kills what is left in the namespace). */
+static _Noreturn void reaper(pid_t target, int status_fd, const sigset_t *all)
+{
+    for (;;) {
+        int sig = wait_signal(all), st;
+        pid_t r;
+
+        if (sig < 0)
+            _exit(126);
+        if (sig != SIGCHLD) {
+            (void)kill(target, sig);
+            continue;
+        }
+        while ((r = waitpid(-1, &st, WNOHANG)) > 0) {
+            if (r == target) {
+                _exit(write(status_fd, &st, sizeof st) == (ssize_t)sizeof st ? 0 : 126);
+            }
+        }
+    }
+}
+
+/* The outer child: forward signals to PID 1, then end as the target did. */
+static _Noreturn void mirror(pid_t init, int status_fd, const sigset_t *all)
+{
+    int st = 0, target_st;
+    ssize_t n;
+
+    for (;;) {
+        int sig = wait_signal(all);
+
+        if (sig < 0)
+            break;
+        if (sig == SIGCHLD) {
+            if (waitpid(init, &st, WNOHANG) == init)
+                break;
+            continue;
+        }
+        (void)kill(init, sig);
+    }
+    do {
+        n = read(status_fd, &target_st, sizeof target_st);
+    } while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof target_st)
+        st = target_st; /* else PID 1 itself was killed: end as it did */
+    if (WIFSIGNALED(st)) {
+        int sig = WTERMSIG(st);
+        sigset_t one;
+
+        (void)signal(sig, SIG_DFL);
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        (void)kill(getpid(), sig);
+        (void)sigprocmask(SIG_UNBLOCK, &one, NULL);
+        _exit(128 + sig);
+    }
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 127);
+}
+
+/* Fork PID 1 and the target; returns only in the target. */
+static void enter_pid_ns(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+    sigset_t all, saved;
+    int fds[2];
+    pid_t init, target;
+
+    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 0, sbx_pipe_cloexec(fds));
+    sigfillset(&all);
+    (void)sigprocmask(SIG_BLOCK, &all, &saved);
+    /* Blocked signals queue for sigwaitinfo; an ignored SIGCHLD would
+     * reap children before we can read their status. */
+    (void)signal(SIGCHLD, SIG_DFL);
+    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 0, init = fork());
+    if (init > 0) {
+        close(fds[1]);
+        close_all_but(fds[0]);
+        mirror(init, fds[0], &all);
+    }
+    /* PID 1 of the new namespace.  It dies with the outer child. */
+    close(fds[0]);
+    (void)prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    {
+        /* The outer child may have died before the prctl: then the pipe's
+         * read end is closed (getppid() says 0 across namespaces). */
+        struct pollfd pfd = {.fd = fds[1], .events = 0, .revents = 0};
+
+        if (poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLERR))
+            _exit(127);
+    }
+    /* A /proc of this namespace, so that ps and /proc/self agree with
+     * getpid().  Best effort: a container may forbid it (a locked /proc),
+     * and the isolation itself does not depend on it. */
+    if (s->ns_flags & CLONE_NEWNS)
+        (void)mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 1, target = fork());
+    if (target > 0) {
+        close_all_but(fds[1]);
+        reaper(target, fds[1], &all);
+    }
+    close(fds[1]);
+    (void)sigprocmask(SIG_SETMASK, &saved, NULL);
+}
+
+void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+
+    SBX_CHILD_STEP(ctx, SBX_STEP_NS_UNSHARE, s->ns_flags, unshare(s->ns_flags));
+    if ((s->ns_flags & CLONE_NEWUSER) && s->uid_map)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_IDMAP, 0, idmap(s->uid_map, s->gid_map));
+    if ((s->ns_flags & CLONE_NEWNET) && s->ns_loopback)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_LOOPBACK, 0, loopback_up());
+    if (s->ns_flags & CLONE_NEWNS)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 0, make_slave());
+    if ((s->ns_flags & CLONE_NEWNS) && s->tmpfs_path) {
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 1,
+                       mount("tmpfs", s->tmpfs_path, "tmpfs", MS_NOSUID | MS_NODEV, s->tmpfs_opts));
+        if (s->tmpfs_mkdir)
+            SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 2, mkdir(s->tmpfs_mkdir, 0700));
+        if (s->tmpfs_sock >= 0)
+            SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 3, send_root_fd(s));
+    }
+    if (s->ns_flags & CLONE_NEWPID)
+        enter_pid_ns(ctx);
+}
+
+/* ---- doctor's probe: the same sequence, in a throw-away child --------- */
+
+static char *put_uint(char *p, unsigned v)
+{
+    char tmp[12];
+    int n = 0;
+
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *p++ = tmp[--n];
+    return p;
+}
+
+/* "id id 1\n": map the caller's id to itself. */
+static void self_map(char *buf, unsigned id)
+{
+    char *p = put_uint(buf, id);
+
+    *p++ = ' ';
+    p = put_uint(p, id);
+    memcpy(p, " 1\n", 4);
+}
+
+int sbx_ns_probe_child(long flags)
+{
+    char uid_map[32], gid_map[32];
+    pid_t pid;
+    int st;
+
+    self_map(uid_map, (unsigned)getuid());
+    self_map(gid_map, (unsigned)getgid());
+    if (unshare((int)flags) < 0)
+        return -1;
+    if ((flags & CLONE_NEWUSER) && idmap(uid_map, gid_map) < 0)
+        return -1;
+    if ((flags & CLONE_NEWNET) && loopback_up() < 0)
+        return -1;
+    if (flags & CLONE_NEWNS) {
+        if (make_slave() < 0)
+            return -1;
+        /* Over "/" of this private namespace: always there, seen by no one. */
+        if (mount("tmpfs", "/", "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0700") < 0)
+            return -1;
+    }
+    if (flags & CLONE_NEWPID) {
+        pid = fork();
+        if (pid < 0)
+            return -1;
+        if (pid == 0)
+            _exit(getpid() == 1 ? 0 : 1);
+        while (waitpid(pid, &st, 0) < 0)
+            if (errno != EINTR)
+                return -1;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            errno = EPROTO;
+            return -1;
+        }
+    }
+    return 0;
+}
