@@ -350,15 +350,18 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.tmpfs_sock = -1;
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
-         * tmpfs_mkdir, tmpfs_sock): bytes, b"" for none.  The pointers are
-         * borrowed from `args`, alive until we return. */
+         * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock): bytes, b"" for none.
+         * The pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
+        unsigned long long ll = 0;
 
-        if (!PyArg_ParseTuple(ns, "iyypyyyi;ns is (flags, uid_map, gid_map, loopback, tmpfs_path, "
-                                  "tmpfs_opts, tmpfs_mkdir, tmpfs_sock)",
+        if (!PyArg_ParseTuple(ns, "iyypyyyiK;ns is (flags, uid_map, gid_map, loopback, "
+                                  "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
+                                  "tmpfs_landlock)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
-                              &to, &tm, &spec.tmpfs_sock))
+                              &to, &tm, &spec.tmpfs_sock, &ll))
             goto done;
+        spec.tmpfs_landlock = ll;
         spec.tmpfs_path = *tp ? tp : NULL;
         spec.tmpfs_opts = *to ? to : NULL;
         spec.tmpfs_mkdir = *tm ? tm : NULL;

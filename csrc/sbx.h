@@ -30,7 +30,7 @@ enum sbx_step {
     SBX_STEP_NS_UNSHARE,    /* "ns:unshare", detail = CLONE_NEW* flags */
     SBX_STEP_NS_IDMAP,      /* "ns:idmap" (user namespace uid/gid maps) */
     SBX_STEP_NS_LOOPBACK,   /* "ns:loopback" (lo up in a new netns) */
-    SBX_STEP_NS_MOUNT,      /* "ns:mount", detail: 0 slave, 1 tmpfs, 2 mkdir, 3 fd */
+    SBX_STEP_NS_MOUNT,      /* "ns:mount", detail: 0 slave, 1 tmpfs, 2 mkdir, 3 its fd */
     SBX_STEP_NS_PID,        /* "ns:pid", detail: 0 PID 1's fork, 1 the target's */
     SBX_STEP_RLIMIT_CORE,   /* "rlimit:RLIMIT_CORE", detail = soft value */
     SBX_STEP_RLIMIT_CPU,
@@ -145,6 +145,7 @@ struct sbx_spec {
     int ns_loopback;
     const char *tmpfs_path, *tmpfs_opts, *tmpfs_mkdir;
     int tmpfs_sock;
+    uint64_t tmpfs_landlock; /* rights beneath the tmpfs in landlock_fd's ruleset */
 
     sbx_child_hook hook; /* non-NULL forces fork() instead of vfork() */
 

@@ -24,6 +24,10 @@ int sbx_pipe_cloexec(int fds[2]);
 /* linux/landlock.c, child side: restrict with spec->landlock_fd. */
 int sbx_landlock_restrict_child(const struct sbx_spec *s);
 
+/* linux/landlock.c, child side: allow `access` beneath directory fd in
+ * the ruleset (the workspace's tmpfs, mounted after it was built). */
+int sbx_landlock_allow_child(int ruleset, int fd, uint64_t access);
+
 /* linux/seccomp.c, child side: load spec->seccomp (no_new_privs set). */
 int sbx_seccomp_load_child(const struct sbx_spec *s);
 

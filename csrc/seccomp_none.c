@@ -49,3 +49,12 @@ int sbx_ns_probe_child(long flags)
     errno = ENOSYS;
     return -1;
 }
+
+int sbx_landlock_allow_child(int ruleset, int fd, uint64_t access)
+{
+    (void)ruleset;
+    (void)fd;
+    (void)access;
+    errno = ENOSYS;
+    return -1;
+}

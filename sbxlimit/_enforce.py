@@ -62,6 +62,14 @@ class Plan:
     landlock: int = 0  # Landlock ABI used for the file rules; 0: none
     keep_workspace: bool = False
     disk: int | None = None  # bytes the workspace may hold (watchdog)
+    # Namespaces (csrc/linux/namespaces.c): CLONE_NEW* flags for the child;
+    # user_ns: through an unprivileged user namespace (uid/gid map to self).
+    ns_flags: int = 0
+    user_ns: bool = False
+    disk_tmpfs: bool = False  # disk held by a size-capped tmpfs on the workspace
+    seccomp_net: int = 0  # SECCOMP_NET_DENY / SECCOMP_NET_PROXY bits
+    # Landlock TCP rules (ABI 4+): (handled, allowed on ports, ports, scoped)
+    landlock_net: tuple[int, int, tuple[int, ...], int] = (0, 0, (), 0)
 
     @property
     def needs_monitor(self) -> bool:
@@ -69,8 +77,13 @@ class Plan:
             self.watch_memory is not None
             or self.watch_pids is not None
             or self.wall_time is not None
-            or self.disk is not None
+            or (self.disk is not None and not self.disk_tmpfs)
         )
+
+    @property
+    def seccomp_what(self) -> int:
+        """The SECCOMP_* bits of the child's filter (0: none)."""
+        return (_core.SECCOMP_HARDEN if self.seccomp else 0) | self.seccomp_net
 
 
 def _rlimit(
@@ -219,11 +232,26 @@ def _plan(
         if limits.disk is not None:
             # A workspace to hold the cap: the private one, or workdir.
             p.disk = limits.disk
-            p.enforced["disk"] = (
-                "watchdog:disk (the workspace's size, sampled; a burst between samples "
-                "can pass the cap before the kill)"
-            )
-            if policy is None or policy.workdir is None:
+            private = policy is None or policy.workdir is None
+            ns = namespaces(CLONE_NEWNS) if private and LINUX else None
+            if ns is not None and ns.ok:
+                # A tmpfs of that size over the private workspace, in a
+                # mount namespace of the child's: writes past it fail.
+                p.disk_tmpfs = True
+                p.ns_flags |= CLONE_NEWNS
+                p.user_ns = p.user_ns or ns.user
+                p.enforced["disk"] = (
+                    f"{ns.label('mountns')}+tmpfs:size (writes past it fail with ENOSPC; "
+                    "memory-backed: its pages count toward the memory limit)"
+                )
+            else:
+                p.enforced["disk"] = (
+                    "watchdog:disk (the workspace's size, sampled; a burst between samples "
+                    "can pass the cap before the kill)"
+                )
+                if ns is not None:
+                    p.enforced["disk"] += f"; no tmpfs: {ns.reason}"
+            if private:
                 p.workspace = True
 
     if policy is not None:
@@ -274,7 +302,6 @@ def _plan_pids(p: Plan, pids: int, *, uid: int, tree: bool, privileged: bool) ->
 
 
 def _plan_policy(p: Plan, policy: Policy) -> None:
-    not_yet = "not implemented in this version"
     if policy.workdir is None:
         p.workspace = True
         p.keep_workspace = policy.keep_workdir
@@ -301,14 +328,25 @@ def _plan_policy(p: Plan, policy: Policy) -> None:
             if policy.protect_dotfiles:
                 _downgrade(p, "protect_dotfiles", why)
         if policy.network != "allow":
-            _downgrade(p, "network", f"network rules are {not_yet}")
-    if policy.isolate_pids:
-        _downgrade(p, "isolate_pids", f"PID namespaces are {not_yet}")
-    p.enforced["env"] = (
-        "supervisor:env (LD_*, DYLD_* dropped)"
-        if policy.env == "sanitize"
-        else "supervisor:env (allow-list)"
-    )
+            _plan_network(p, policy, abi)
+        if policy.isolate_pids:
+            ns = namespaces(CLONE_NEWPID | CLONE_NEWNS) if LINUX else None
+            if ns is not None and ns.ok:
+                p.ns_flags |= CLONE_NEWPID | CLONE_NEWNS
+                p.user_ns = p.user_ns or ns.user
+                p.enforced["isolate_pids"] = (
+                    f"{ns.label('pidns')} (the program is PID 2 under a reaper as PID 1; "
+                    "everything left in it dies with it)"
+                )
+            else:
+                why = ns.reason if ns is not None else "PID namespaces exist only on Linux"
+                _downgrade(p, "isolate_pids", why)
+    if DARWIN and policy.isolate_pids:
+        _downgrade(p, "isolate_pids", "PID namespaces exist only on Linux")
+    env = "LD_*, DYLD_* dropped" if policy.env == "sanitize" else "allow-list"
+    if policy.drop_secrets:
+        env += "; names with KEY, SECRET, TOKEN or PASSWORD dropped"
+    p.enforced["env"] = f"supervisor:env ({env})"
     if policy.workdir is not None:
         p.enforced["workspace"] = "supervisor:workdir (used as given, not removed)"
     if policy.harden:
@@ -336,6 +374,120 @@ def _plan_policy(p: Plan, policy: Policy) -> None:
             _downgrade(p, "not_dumpable", f"execve resets PR_SET_DUMPABLE, and {why}")
         else:
             _downgrade(p, "not_dumpable", _NOT_DUMPABLE)
+
+
+def _plan_network(p: Plan, policy: Policy, abi: int) -> None:
+    """Linux: "deny" is a network namespace of the child's own (only its
+    loopback) where one can be made, else Landlock TCP rules plus seccomp
+    socket rules; "proxy" keeps the host's loopback (where the proxies
+    listen) and allows TCP connects to proxy_ports only."""
+    filt = _core.HAS_SECCOMP and seccomp_works()
+    tcp = abi >= 4
+    if policy.network == "deny":
+        ns = namespaces(CLONE_NEWNET)
+        if ns.ok:
+            p.ns_flags |= CLONE_NEWNET
+            p.user_ns = p.user_ns or ns.user
+            p.enforced["network"] = (
+                f"{ns.label('netns')} (a network namespace of its own: loopback only)"
+            )
+            return
+        if not filt and not tcp:
+            _downgrade(
+                p,
+                "network",
+                f"no network namespace ({ns.reason}), no seccomp filter and no Landlock TCP "
+                "rules (ABI 4, Linux 6.7)",
+            )
+            return
+        held = []
+        if tcp:
+            # Handled with no port allowed: every TCP bind and connect,
+            # inherited sockets included.  Abstract unix sockets reach the
+            # host's services too: scoped from ABI 6.
+            p.landlock_net = (_LL_TCP, 0, (), _LL_SCOPE_ABSTRACT_UNIX if abi >= 6 else 0)
+            held.append(f"landlock:abi{abi} tcp")
+        if filt:
+            p.seccomp_net = _core.SECCOMP_NET_DENY
+            p.no_new_privs = True
+            held.append("seccomp:socket")
+        notes = [f"no network namespace: {ns.reason}"]
+        if not filt:
+            # Landlock holds TCP only: UDP would still get out.
+            gap = "no seccomp filter here, so UDP and other non-TCP sockets are not refused"
+            notes.append(gap)
+            p.fallbacks["network"] = gap
+        if not tcp:
+            notes.append("sockets it inherited keep working (no Landlock TCP rules before ABI 4)")
+        p.enforced["network"] = "+".join(held) + f" ({'; '.join(notes)})"
+        return
+    # proxy
+    if not (filt and tcp):
+        missing = "Landlock TCP rules (ABI 4, Linux 6.7)" if not tcp else "a seccomp filter"
+        _downgrade(p, "network", f"network='proxy' needs {missing}, not available here")
+        return
+    p.landlock_net = (_LL_TCP, _LL_CONNECT_TCP, policy.proxy_ports, 0)
+    p.seccomp_net = _core.SECCOMP_NET_PROXY
+    p.no_new_privs = True
+    ports = ",".join(str(x) for x in policy.proxy_ports)
+    p.enforced["network"] = (
+        f"landlock:abi{abi} tcp connect to {ports}+seccomp:socket (TCP only) "
+        "(ports are matched, not addresses: keep proxy ports off the outside network)"
+    )
+
+
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
+_LL_BIND_TCP, _LL_CONNECT_TCP = 1, 2
+_LL_TCP = _LL_BIND_TCP | _LL_CONNECT_TCP
+_LL_SCOPE_ABSTRACT_UNIX = 1
+_CAP_SYS_ADMIN = 21
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Namespaces:
+    """Whether namespaces can be made here, and how."""
+
+    ok: bool
+    user: bool = False  # through an unprivileged user namespace
+    reason: str = ""
+
+    def label(self, kind: str) -> str:
+        return f"userns+{kind}" if self.user else kind
+
+
+@functools.cache
+def namespaces(flags: int) -> Namespaces:
+    """Try `flags` (CLONE_NEW*) for real, in a child: directly where we hold
+    CAP_SYS_ADMIN, else inside an unprivileged user namespace (uid/gid
+    mapped to our own)."""
+    if _capability(_CAP_SYS_ADMIN):
+        if _core.probe(_core.PROBE_NAMESPACES, flags, 2000) == 0:
+            return Namespaces(True)
+    err = _core.probe(_core.PROBE_NAMESPACES, flags | CLONE_NEWUSER, 2000)
+    if err == 0:
+        return Namespaces(True, user=True)
+    return Namespaces(False, reason=_userns_blocked() or f"unshare failed: {os.strerror(err)}")
+
+
+def _userns_blocked() -> str:
+    """The knob that forbids unprivileged user namespaces here, if one does."""
+    for path, bad, what in (
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "sysctl kernel.unprivileged_userns_clone=0"),
+        ("/proc/sys/user/max_user_namespaces", "0", "sysctl user.max_user_namespaces=0"),
+        (
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+            "1",
+            "AppArmor restricts unprivileged user namespaces "
+            "(kernel.apparmor_restrict_unprivileged_userns=1; Ubuntu 24.04's default)",
+        ),
+    ):
+        try:
+            with open(path) as f:
+                if f.read().strip() == bad:
+                    return f"unprivileged user namespaces are disabled: {what}"
+        except OSError:
+            continue
+    return ""
 
 
 def _plan_seatbelt(p: Plan, policy: Policy) -> None:
@@ -373,12 +525,17 @@ def seccomp_works() -> bool:
 def can_raise_hard_limits() -> bool:
     """Whether setrlimit may raise a hard limit here: CAP_SYS_RESOURCE on
     Linux (root in a container often lacks it), root elsewhere."""
+    return _capability(_CAP_SYS_RESOURCE)
+
+
+def _capability(bit: int) -> bool:
+    """An effective capability of ours (Linux), else: are we root."""
     if LINUX:
         try:
             with open("/proc/self/status") as f:
                 for line in f:
                     if line.startswith("CapEff:"):
-                        return bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
+                        return bool(int(line.split()[1], 16) >> bit & 1)
         except OSError:
             pass
     return os.geteuid() == 0

@@ -24,6 +24,9 @@ NetworkMode = Literal["allow", "deny", "proxy"]
 DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig", ".ssh")
 
 _ENV_NAME = re.compile(r"^[^=\0]+$")
+# drop_secrets: names that usually hold credentials (AWS_SECRET_ACCESS_KEY,
+# GITHUB_TOKEN, OPENAI_API_KEY, PGPASSWORD ...), in any case.
+_SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSWORD", re.IGNORECASE)
 
 
 def _path(field: str, value: object) -> str:
@@ -53,10 +56,10 @@ PathArg = str | os.PathLike[str] | bytes
 class Policy:
     """What a sandbox may touch.  Immutable; validated on construction.
 
-    This version enforces ``env``, ``harden`` (no_new_privs) and a given
-    ``workdir`` (used as the cwd); the file, network, workspace and PID
-    protections are validated and reported as ``unenforced:`` in
-    ``Popen.enforced`` (or refused with ``strict=True``).
+    Each protection is held by the best mechanism the platform has
+    (docs/platform-matrix.md); ``Popen.enforced`` names it, or says
+    ``unenforced: <why>`` (a ``RuntimeWarning`` once per process, or
+    ``UnsupportedError`` before anything starts with ``strict=True``).
 
     Fields:
         workdir: None for a private 0700 temp workspace (removed at close
@@ -67,14 +70,22 @@ class Policy:
         deny_read, deny_write: absolute paths the child may not read / write.
         protect_dotfiles: deny writes to ~/.bashrc, ~/.zshrc, ~/.profile,
             ~/.gitconfig, ~/.ssh and .git/hooks.
-        network: ``"allow"``, ``"deny"``, or ``"proxy"`` (only loopback
-            ``proxy_ports``; proxy environment variables set).
+        network: ``"allow"``, ``"deny"`` (Linux: a network namespace with
+            only its own loopback, else Landlock TCP and seccomp socket
+            rules), or ``"proxy"`` (only TCP connects to ``proxy_ports``;
+            proxy environment variables set).
         proxy_ports: loopback TCP ports reachable with ``network="proxy"``.
         env: ``"sanitize"`` drops ``LD_*`` and ``DYLD_*``; a list of names
             keeps only those variables.
-        harden: no_new_privs; not-dumpable is reported unenforced (execve
-            resets it).  Core dumps are off in every sandbox regardless.
-        isolate_pids: new PID namespace where possible.
+        drop_secrets: also drop variables whose name contains ``KEY``,
+            ``SECRET``, ``TOKEN`` or ``PASSWORD`` (any case), even when an
+            allow-list names them.
+        harden: no_new_privs, and on Linux a seccomp filter refusing
+            ptrace, bpf, mount, kernel keys and the like (EPERM).  Core
+            dumps are off in every sandbox regardless.
+        isolate_pids: a PID namespace of its own (Linux): the program runs
+            as PID 2 under a small reaper as PID 1, sees only its own
+            processes, and everything it started dies with it.
         strict: raise :class:`UnsupportedError` before starting if anything
             asked for cannot be enforced here (default: apply what can be
             and record the rest in ``Popen.enforced``).
@@ -89,6 +100,7 @@ class Policy:
     network: NetworkMode = "allow"
     proxy_ports: tuple[int, ...] = ()
     env: Literal["sanitize"] | tuple[str, ...] = "sanitize"
+    drop_secrets: bool = False
     harden: bool = True
     isolate_pids: bool = False
     strict: bool = False
@@ -105,6 +117,7 @@ class Policy:
         network: NetworkMode = "allow",
         proxy_ports: Iterable[int] = (),
         env: Literal["sanitize"] | Iterable[str] = "sanitize",
+        drop_secrets: bool = False,
         harden: bool = True,
         isolate_pids: bool = False,
         strict: bool = False,
@@ -122,6 +135,7 @@ class Policy:
             ("network", network),
             ("proxy_ports", proxy_ports),
             ("env", env),
+            ("drop_secrets", drop_secrets),
             ("harden", harden),
             ("isolate_pids", isolate_pids),
             ("strict", strict),
@@ -132,7 +146,14 @@ class Policy:
             put("workdir", _path("Policy.workdir", self.workdir))
         for name in ("writable_roots", "deny_read", "deny_write"):
             put(name, _paths(f"Policy.{name}", getattr(self, name)))
-        for name in ("keep_workdir", "protect_dotfiles", "harden", "isolate_pids", "strict"):
+        for name in (
+            "keep_workdir",
+            "protect_dotfiles",
+            "drop_secrets",
+            "harden",
+            "isolate_pids",
+            "strict",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Policy.{name}", getattr(self, name), "expected a bool")
         if self.network not in ("allow", "deny", "proxy"):
@@ -221,10 +242,14 @@ class Policy:
             return os.fsdecode(k) if isinstance(k, bytes) else str(k)
 
         if self.env == "sanitize":
-            return {
+            out = {
                 k: v
                 for k, v in env.items()
                 if not (name(k).startswith("LD_") or name(k).startswith("DYLD_"))
             }
-        keep = set(self.env)
-        return {k: v for k, v in env.items() if name(k) in keep}
+        else:
+            keep = set(self.env)
+            out = {k: v for k, v in env.items() if name(k) in keep}
+        if self.drop_secrets:
+            out = {k: v for k, v in out.items() if not _SECRET.search(name(k))}
+        return out

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from . import _core, _landlock, _workspace, audit
+from . import _core, _landlock, _namespaces, _workspace, audit
 from . import _spawn as _spawn_mod
 from ._cgroup import Cgroup, CgroupStats, discover, warn_explicit_site
-from ._enforce import SANDBOX_EXEC, Plan, plan, warn_downgrades
+from ._enforce import CLONE_NEWPID, SANDBOX_EXEC, Plan, plan, warn_downgrades
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._limits import Limits
 from ._monitor import Pump, Watch, get_monitor, signal_tree
@@ -107,7 +107,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _sbx_audit_key: str | None = None
     _sbx_warn_at: float | None = 0.9
     _sbx_workspace: str | None = None  # the private workspace, until close()
+    _sbx_ws_fd = -1  # the size-capped tmpfs over it (mount namespace): its root
     _sbx_disk: int | None = None  # its size when the program ended
+    _sbx_disk_full = False  # the tmpfs was full when the program ended
     _sbx_quota: Any = None  # a Quota admission, released at reap
     limits: Limits | None = None
     policy: Policy | None = None
@@ -177,6 +179,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if not site.version and site.explicit and (self.limits or self.policy):
             warn_explicit_site(site)
         p = self._sbx_plan = plan(self.limits, self.policy, uid=_target_uid(user), site=site)
+        if self._sbx_target is not None and p.ns_flags & CLONE_NEWPID:
+            raise ConfigError(
+                "Policy.isolate_pids",
+                True,
+                "a forked Python callable (ForkedSandbox, the pytest marker) cannot be PID 2 "
+                "under a reaper: it needs a program to exec",
+            )
         strict = self.policy is not None and self.policy.strict
         if strict and (p.downgrades or p.fallbacks):
             raise UnsupportedError({**p.fallbacks, **p.downgrades})
@@ -290,6 +299,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if errwrite != -1 and errread != -1 and errwrite != devnull:
                 close_after.append(errwrite)
 
+            # First of the parent's preparations: nothing to undo if it fails.
+            ns = _namespaces.Spawn(p, self._sbx_workspace, uid, gid) if p.ns_flags else None
+
             pgid = process_group
             die = self._sbx_die_with_parent
             if die is None:  # default: sandboxes started from the main thread
@@ -306,6 +318,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                             pumps, close_after, c2pread, c2pwrite, errread, errwrite, devnull
                         )
                     except BaseException:
+                        if ns is not None:
+                            ns.close()
                         for pump in pumps:
                             pump.discard()
                         for fd in close_after[close_after.index(devnull) + 1 :]:
@@ -323,6 +337,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     )
                     cg_procs = cg.procs_fds()
                 except BaseException as e:
+                    if ns is not None:
+                        ns.close()
                     for pump in pumps:
                         pump.discard()
                     if self._sbx_cgroup is not None:
@@ -342,8 +358,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 where = self._sbx_workspace or self.policy.workdir
                 handled, ll_rules = _landlock.rules(self.policy, where, p.landlock)
                 try:
-                    landlock_fd, _n = _core.landlock_ruleset(handled, ll_rules)
+                    landlock_fd, _n = _core.landlock_ruleset(handled, ll_rules, *p.landlock_net)
                 except OSError as e:
+                    if ns is not None:
+                        ns.close()
                     for pump in pumps:
                         pump.discard()
                     for fd in cg_procs:
@@ -351,6 +369,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     self._sbx_release_cgroup()
                     raise setup_error("landlock:ruleset", e.errno or errno.EIO, 0) from e
                 close_after.append(landlock_fd)
+            if ns is not None and ns.child_end >= 0:
+                close_after.append(ns.take_child_end())
             self._sbx_start = time.monotonic()
             self._closed_child_pipe_fds = True  # the core closes them from here on
             try:
@@ -375,8 +395,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     p.rlimits,
                     pdeathsig,
                     p.no_new_privs,
-                    p.seccomp,
+                    p.seccomp_what,
                     landlock_fd,
+                    ns.args if ns is not None else None,
                     cg_dirfd,
                     cg_procs,
                     preexec_fn,
@@ -388,7 +409,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     pump.discard()
                 self._sbx_release_cgroup()
                 self._sbx_remove_profile()
+                if ns is not None:
+                    ns.close()
                 raise
+            if ns is not None:
+                if failure is None and pid != 0:
+                    self._sbx_ws_fd = ns.receive_fd() or -1
+                ns.close()
             if failure is not None:
                 for pump in pumps:
                     pump.discard()
@@ -502,7 +529,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             cg_memory=cg_memory,
             warn_memory=self._sbx_warn_memory(),
             audit_fields=self._sbx_audit_fields() if audit.active() else None,
-            disk=(path, p.disk) if (path := self._sbx_disk_path()) and p.disk else None,
+            disk=(path, p.disk)
+            if (path := self._sbx_disk_path()) and p.disk and not p.disk_tmpfs
+            else None,
         )
         for pump in pumps:
             pump.watch = watch
@@ -626,9 +655,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if self._sbx_profile_file is not None:
                 self._sbx_remove_profile()
             if self._sbx_plan.active:  # the reap of a plain Popen stays as it was
-                disk_path = self._sbx_disk_path()
-                if disk_path is not None:
-                    self._sbx_disk = _workspace.size(disk_path)
+                if self._sbx_ws_fd >= 0:
+                    self._sbx_disk, self._sbx_disk_full = _namespaces.tmpfs_usage(self._sbx_ws_fd)
+                else:
+                    disk_path = self._sbx_disk_path()
+                    if disk_path is not None:
+                        self._sbx_disk = _workspace.size(disk_path)
         return (pid, sts)
 
     # -- audit events (sbxlimit.audit) ---------------------------------------
@@ -762,6 +794,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             self.close()
 
     def _sbx_live_disk(self) -> int | None:
+        if self._sbx_ws_fd >= 0:
+            return _namespaces.tmpfs_usage(self._sbx_ws_fd)[0]
         path = self._sbx_disk_path()
         return _workspace.size(path) if path is not None else None
 
@@ -782,13 +816,31 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             ws = self._sbx_workspace
             if ws is not None and self.returncode is not None and not self._sbx_plan.keep_workspace:
                 self._sbx_workspace = None
+                self._sbx_close_tmpfs(copy_to=None)
                 _workspace.remove(ws)
 
     @property
     def workspace(self) -> str | None:
         """The private workspace (the program's cwd and TMPDIR), readable
-        until close(); None when the policy names a workdir or after close."""
+        until close(); None when the policy names a workdir or after close.
+
+        Where ``disk`` is held by a tmpfs in the sandbox's own mount
+        namespace, this is ``/proc/<our pid>/fd/<n>``: the tmpfs, reached
+        through the fd the sandbox handed back (the directory of the same
+        name in the caller's namespace stays empty)."""
+        if self._sbx_ws_fd >= 0 and self._sbx_workspace is not None:
+            return _namespaces.fd_path(self._sbx_ws_fd)
         return self._sbx_workspace
+
+    def _sbx_close_tmpfs(self, copy_to: str | None) -> None:
+        fd, self._sbx_ws_fd = self._sbx_ws_fd, -1
+        if fd < 0:
+            return
+        try:
+            if copy_to is not None:
+                _namespaces.copy_out(fd, copy_to)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         """Remove the private workspace, unless ``keep_workdir``; the end of
@@ -799,10 +851,14 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if self._child_created and self.returncode is None:
             self.kill_tree(grace=0)
         self._sbx_workspace = None
-        if self._sbx_plan.keep_workspace:
-            _workspace.forget(ws)
-        else:
-            _workspace.remove(ws)
+        keep = self._sbx_plan.keep_workspace
+        try:
+            self._sbx_close_tmpfs(copy_to=ws if keep else None)
+        finally:
+            if keep:
+                _workspace.forget(ws)
+            else:
+                _workspace.remove(ws)
 
     # -- sbxlimit's additions ---------------------------------------------
 
@@ -911,5 +967,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 killed_by_caller=self._sbx_killed_by_caller,
                 cgroup=self._sbx_cgstats,
                 disk=self._sbx_disk,
+                disk_full=self._sbx_disk_full,
             )
         return o

@@ -223,13 +223,16 @@ def classify(
     pids_limit: int | None = None,
     oom_kills: int = 0,
     pids_refused: int = 0,
+    disk_limit: int | None = None,
+    disk_full: bool = False,
 ) -> Termination:
     """Decide why a sandbox ended, from evidence only.
 
     `oom_kills` and `pids_refused` are the cgroup's event counters
     (memory.events oom_kill, pids.events max): a limit that was hit is in
     ``hits`` whatever happened next, and is the reason when the program
-    then failed."""
+    then failed.  `disk_full`: the size-capped tmpfs workspace was full at
+    the end (writes past it failed with ENOSPC)."""
     hit = set(hits)
     sig = -returncode if returncode < 0 else None
     cpu_used = usage.cpu_total
@@ -275,6 +278,10 @@ def classify(
     if pids_refused and pids_limit is not None and returncode != 0 and not killed_by_caller:
         mech = enforced.get("pids", "cgroup")
         return ended("pids", pids_limit, usage.pids_peak, mech, str(pids_refused))
+    if disk_full and disk_limit is not None:
+        hit.add("disk")
+        if returncode != 0 and not killed_by_caller:
+            return ended("disk", disk_limit, usage.disk, enforced.get("disk", "tmpfs:size"))
 
     hits_t = tuple(r for r in REASONS if r in hit)
     if sig is not None:
@@ -312,6 +319,7 @@ class Outcome:
         "cgroup",
         "created",
         "disk",
+        "disk_full",
         "enforced",
         "killed_by_caller",
         "limits",
@@ -336,9 +344,11 @@ class Outcome:
         killed_by_caller: bool = False,
         cgroup: CgroupStats | None = None,
         disk: int | None = None,
+        disk_full: bool = False,
     ) -> None:
         self.args = args
         self.disk = disk
+        self.disk_full = disk_full
         self.cgroup = cgroup
         self.killed_by_caller = killed_by_caller
         self.parent_maxrss = 0
@@ -410,5 +420,7 @@ class Outcome:
                 pids_limit=lim.pids if lim else None,
                 oom_kills=self.cgroup.oom_kills if self.cgroup is not None else 0,
                 pids_refused=self.cgroup.pids_refused if self.cgroup is not None else 0,
+                disk_limit=lim.disk if lim else None,
+                disk_full=self.disk_full,
             )
         return self._termination

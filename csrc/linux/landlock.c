@@ -125,3 +125,16 @@ int sbx_landlock_restrict_child(const struct sbx_spec *s)
 {
     return (int)syscall(SYS_landlock_restrict_self, s->landlock_fd, 0);
 }
+
+/* Child side: allow `access` beneath the directory `fd` in the spec's
+ * ruleset (before restricting).  For the workspace's tmpfs, mounted after
+ * the parent built the ruleset: Landlock does not look at the directory a
+ * mount hides, so the parent's rule for it does not reach the tmpfs. */
+int sbx_landlock_allow_child(int ruleset, int fd, uint64_t access)
+{
+    struct sbx_ll_path_beneath rule;
+
+    rule.allowed_access = access;
+    rule.parent_fd = fd;
+    return (int)syscall(SYS_landlock_add_rule, ruleset, SBX_LL_RULE_PATH_BENEATH, &rule, 0);
+}

@@ -144,13 +144,18 @@ static int send_fd(int sock, int fd)
     return n < 0 ? -1 : 0;
 }
 
-static int send_root_fd(const struct sbx_spec *s)
+/* The tmpfs's root: a Landlock rule for it (the parent's rule for the
+ * directory it hides does not apply) and its fd to the parent. */
+static int publish_root(const struct sbx_spec *s)
 {
-    int saved, rc, fd = open(s->tmpfs_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int saved, rc = 0, fd = open(s->tmpfs_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
     if (fd < 0)
         return -1;
-    rc = send_fd(s->tmpfs_sock, fd);
+    if (s->landlock_fd >= 0 && s->tmpfs_landlock)
+        rc = sbx_landlock_allow_child(s->landlock_fd, fd, s->tmpfs_landlock);
+    if (rc == 0 && s->tmpfs_sock >= 0)
+        rc = send_fd(s->tmpfs_sock, fd);
     saved = errno;
     close(fd);
     errno = saved;
@@ -303,8 +308,7 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
                        mount("tmpfs", s->tmpfs_path, "tmpfs", MS_NOSUID | MS_NODEV, s->tmpfs_opts));
         if (s->tmpfs_mkdir)
             SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 2, mkdir(s->tmpfs_mkdir, 0700));
-        if (s->tmpfs_sock >= 0)
-            SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 3, send_root_fd(s));
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 3, publish_root(s));
     }
     if (s->ns_flags & CLONE_NEWPID)
         enter_pid_ns(ctx);

@@ -1,0 +1,109 @@
+"""Linux namespaces for one sandbox: the ``ns`` argument of ``_core.spawn``
+and the size-capped workspace's hand-back.
+
+The child makes the namespaces (csrc/linux/namespaces.c); this module only
+prepares what it needs in the parent.  A tmpfs mounted in the child's own
+mount namespace is invisible from the caller's, and it would vanish with
+the namespace: the child sends an fd of its root over a datagram socket,
+and the parent keeps it, so the workspace stays readable (through
+``/proc/<pid>/fd/<n>``) until the sandbox is closed.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import shutil
+import socket
+
+from ._enforce import CLONE_NEWNET, CLONE_NEWUSER, Plan
+from ._landlock import handled_rights
+
+__all__ = ["Spawn", "fd_path", "tmpfs_usage"]
+
+
+class Spawn:
+    """The ``ns`` tuple for ``_core.spawn``, and the socket the workspace's
+    fd comes back on.  ``close()`` releases what the parent holds."""
+
+    __slots__ = ("_recv", "args", "child_end")
+
+    def __init__(self, plan: Plan, workspace: str | None, uid: int | None, gid: int | None) -> None:
+        flags = plan.ns_flags | (CLONE_NEWUSER if plan.user_ns else 0)
+        uid_map = gid_map = b""
+        if plan.user_ns:
+            # An unprivileged user namespace may map only our own ids: the
+            # program keeps its uid and gid, and gets no privilege outside.
+            euid, egid = os.geteuid(), os.getegid()
+            uid_map, gid_map = f"{euid} {euid} 1\n".encode(), f"{egid} {egid} 1\n".encode()
+        tmpfs = opts = mkdir = b""
+        self._recv: socket.socket | None = None
+        self.child_end = -1
+        if plan.disk_tmpfs and workspace is not None:
+            owner_uid = os.geteuid() if uid is None else uid
+            owner_gid = os.getegid() if gid is None else gid
+            tmpfs = os.fsencode(workspace)
+            opts = f"size={plan.disk},mode=0700,uid={owner_uid},gid={owner_gid}".encode()
+            mkdir = os.fsencode(os.path.join(workspace, "tmp"))
+            parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._recv = parent
+            self.child_end = child.detach()
+        loopback = bool(flags & CLONE_NEWNET)
+        # Landlock skips the directory a mount hides: the tmpfs gets a rule
+        # of its own in the child, with the rights the workspace has.
+        ll = handled_rights(plan.landlock) if plan.landlock and tmpfs else 0
+        self.args = (flags, uid_map, gid_map, loopback, tmpfs, opts, mkdir, self.child_end, ll)
+
+    def take_child_end(self) -> int:
+        """The child's end, for the core to close after the spawn."""
+        fd, self.child_end = self.child_end, -1
+        return fd
+
+    def receive_fd(self) -> int | None:
+        """The workspace's root fd the child sent (it did before execve)."""
+        sock, self._recv = self._recv, None
+        if sock is None:
+            return None
+        with sock:
+            try:
+                _msg, anc, _flags, _addr = sock.recvmsg(
+                    1, socket.CMSG_SPACE(array.array("i").itemsize), socket.MSG_DONTWAIT
+                )
+            except BlockingIOError:
+                return None
+        fds = array.array("i")
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+        for extra in fds[1:]:
+            os.close(extra)
+        if not fds:
+            return None
+        os.set_inheritable(fds[0], False)
+        return fds[0]
+
+    def close(self) -> None:
+        if self._recv is not None:
+            self._recv.close()
+            self._recv = None
+        if self.child_end >= 0:
+            os.close(self.child_end)
+            self.child_end = -1
+
+
+def fd_path(fd: int) -> str:
+    """A path to what `fd` refers to, usable by this process (and its
+    children) for as long as the fd is open."""
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def tmpfs_usage(fd: int) -> tuple[int, bool]:
+    """(bytes used, full) of the tmpfs whose root is `fd`."""
+    st = os.fstatvfs(fd)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bfree == 0
+
+
+def copy_out(fd: int, dest: str) -> None:
+    """Copy the tmpfs's contents into `dest` (keep_workdir: the directory
+    outlives the sandbox, the tmpfs cannot)."""
+    shutil.copytree(fd_path(fd), dest, symlinks=True, dirs_exist_ok=True)
