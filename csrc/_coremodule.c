@@ -355,9 +355,10 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         const char *tp, *to, *tm;
         unsigned long long ll = 0;
 
-        if (!PyArg_ParseTuple(ns, "iyypyyyiK;ns is (flags, uid_map, gid_map, loopback, "
-                                  "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
-                                  "tmpfs_landlock)",
+        if (!PyArg_ParseTuple(ns,
+                              "iyypyyyiK;ns is (flags, uid_map, gid_map, loopback, "
+                              "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
+                              "tmpfs_landlock)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
                               &to, &tm, &spec.tmpfs_sock, &ll))
             goto done;
@@ -832,9 +833,9 @@ static int core_exec(PyObject *m)
         uint64_t probe[SBX_SECCOMP_MAX];
         size_t n;
 
-        if (PyModule_AddIntConstant(m, "HAS_SECCOMP",
-                                    sbx_seccomp_build(probe, SBX_SECCOMP_MAX, &n,
-                                                      SBX_SECCOMP_HARDEN) == 0) < 0)
+        if (PyModule_AddIntConstant(
+                m, "HAS_SECCOMP",
+                sbx_seccomp_build(probe, SBX_SECCOMP_MAX, &n, SBX_SECCOMP_HARDEN) == 0) < 0)
             return -1;
     }
 #if defined(__linux__) || defined(__APPLE__)

@@ -16,6 +16,10 @@ PROBE_SECCOMP: int
 PROBE_UNSHARE: int
 PROBE_CLONE3_CGROUP: int
 PROBE_HANG: int
+PROBE_NAMESPACES: int
+SECCOMP_HARDEN: int
+SECCOMP_NET_DENY: int
+SECCOMP_NET_PROXY: int
 HOW_VM: int
 HOW_CLONE3: int
 HOW_INTO_CGROUP: int
@@ -41,8 +45,9 @@ def spawn(
     rlimits: Sequence[tuple[int, int, int]],
     pdeathsig: int,
     no_new_privs: bool,
-    seccomp: bool,
+    seccomp: int,
     landlock_fd: int,
+    ns: tuple[int, bytes, bytes, bool, bytes, bytes, bytes, int, int] | None,
     cgroup_dirfd: int,
     cgroup_procs: Sequence[int],
     preexec_fn: Callable[[], Any] | None,
@@ -69,5 +74,11 @@ def seatbelt_profile(
 ) -> str: ...
 def seatbelt_canonical(path: StrOrBytesPath, /) -> str: ...
 def landlock_ruleset(
-    handled: int, rules: Sequence[tuple[StrOrBytesPath, int]], /
+    handled: int,
+    rules: Sequence[tuple[StrOrBytesPath, int]],
+    handled_net: int = 0,
+    net_access: int = 0,
+    ports: Sequence[int] = (),
+    scoped: int = 0,
+    /,
 ) -> tuple[int, int]: ...

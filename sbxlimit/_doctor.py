@@ -23,7 +23,7 @@ from typing import Any
 from . import _core
 from ._cgroup import discover
 from ._cgroupfs import mounts, own_cgroups, v2_mount
-from ._enforce import UNENFORCED, can_raise_hard_limits, plan
+from ._enforce import UNENFORCED, can_raise_hard_limits, namespaces, plan
 from ._limits import Limits
 from ._policy import Policy
 
@@ -499,7 +499,11 @@ def _check_seccomp() -> Check:
             f"loading a filter failed: {_errname(err)} (this process: {mode})",
             "a kernel with CONFIG_SECCOMP_FILTER=y; inside a container, allow seccomp",
         )
-    return Check("seccomp", OK, f"a filter loads in a child (this process: {mode}; not used yet)")
+    return Check(
+        "seccomp",
+        OK,
+        f"a filter loads in a child (this process: {mode}); holds harden and the socket rules",
+    )
 
 
 _LANDLOCK_FEATURES = [
@@ -533,7 +537,7 @@ def _check_landlock() -> Check:
     return Check(
         "landlock",
         OK,
-        f"ABI {abi}: every feature sbxlimit uses (not used yet)",
+        f"ABI {abi}: every feature sbxlimit uses",
         details={"abi": abi},
     )
 
@@ -565,21 +569,33 @@ def _check_userns() -> Check:
     )
 
 
+_NS_USES = {
+    _CLONE_NEWNS: "disk as a size-capped tmpfs workspace",
+    _CLONE_NEWNET: "network='deny' (loopback only)",
+    _CLONE_NEWPID: "isolate_pids (a reaper as PID 1)",
+}
+
+
 def _check_ns(name: str, flag: int) -> Check:
-    via = ""
-    flags = flag
-    if os.geteuid() != 0:
-        flags |= _CLONE_NEWUSER
-        via = " (inside a new user namespace)"
-    err = _core.probe(_core.PROBE_UNSHARE, flags, _TIMEOUT_MS)
-    if err:
+    # The spawn path's own probe (cached): unshare, the uid/gid maps, lo up,
+    # a tmpfs mount, a fork into the PID namespace, in a throw-away child.
+    flags = flag | (_CLONE_NEWNS if flag == _CLONE_NEWPID else 0)
+    ns = namespaces(flags)
+    if not ns.ok:
         return Check(
             name,
             UNAVAILABLE,
-            f"unshare{via} failed: {_errname(err)}",
+            ns.reason,
             "root, or unprivileged user namespaces (see user_namespace)",
         )
-    return Check(name, OK, f"can be created{via} (not used yet)")
+    via = (
+        " inside an unprivileged user namespace (uid and gid mapped to their own)"
+        if ns.user
+        else ""
+    )
+    return Check(
+        name, OK, f"set up for real{via}; holds {_NS_USES[flag]}", details={"userns": ns.user}
+    )
 
 
 def _status_field(key: str) -> str:

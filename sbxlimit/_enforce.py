@@ -460,19 +460,25 @@ def namespaces(flags: int) -> Namespaces:
     """Try `flags` (CLONE_NEW*) for real, in a child: directly where we hold
     CAP_SYS_ADMIN, else inside an unprivileged user namespace (uid/gid
     mapped to our own)."""
-    if _capability(_CAP_SYS_ADMIN):
-        if _core.probe(_core.PROBE_NAMESPACES, flags, 2000) == 0:
-            return Namespaces(True)
+    if _capability(_CAP_SYS_ADMIN) and _core.probe(_core.PROBE_NAMESPACES, flags, 2000) == 0:
+        return Namespaces(True)
     err = _core.probe(_core.PROBE_NAMESPACES, flags | CLONE_NEWUSER, 2000)
     if err == 0:
         return Namespaces(True, user=True)
-    return Namespaces(False, reason=_userns_blocked() or f"unshare failed: {os.strerror(err)}")
+    why = (
+        _userns_blocked() or f"setting up an unprivileged user namespace failed: {os.strerror(err)}"
+    )
+    return Namespaces(False, reason=why)
 
 
 def _userns_blocked() -> str:
     """The knob that forbids unprivileged user namespaces here, if one does."""
     for path, bad, what in (
-        ("/proc/sys/kernel/unprivileged_userns_clone", "0", "sysctl kernel.unprivileged_userns_clone=0"),
+        (
+            "/proc/sys/kernel/unprivileged_userns_clone",
+            "0",
+            "sysctl kernel.unprivileged_userns_clone=0",
+        ),
         ("/proc/sys/user/max_user_namespaces", "0", "sysctl user.max_user_namespaces=0"),
         (
             "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",

@@ -79,6 +79,14 @@ _STEP_HINTS = {
     "`sbxlimit doctor`, or pass cgroup_parent='none' to run without one.",
     "cgroup:procs": "the child could not join its cgroup: the parent cgroup must be "
     "writable by this user up to the common ancestor (docs/cgroups.md).",
+    "ns:unshare": "new namespaces need root or unprivileged user namespaces; `sbxlimit doctor` "
+    "says which are blocked here (a seccomp profile or AppArmor may forbid unshare).",
+    "ns:idmap": "an unprivileged user namespace may map only your own uid and gid; "
+    "AppArmor (Ubuntu 24.04) may allow the namespace but refuse the map.",
+    "ns:loopback": "bringing lo up needs CAP_NET_ADMIN in the new network namespace.",
+    "ns:mount": "the workspace's tmpfs needs a mount namespace of the sandbox's own; pass "
+    "workdir= to hold disk with the watchdog instead.",
+    "ns:pid": "the PID namespace's reaper or the program could not be forked (pids limit?).",
 }
 
 

@@ -132,10 +132,12 @@ class Watch:
         cg_memory: tuple[int, str] | None = None,
         warn_memory: tuple[int, int, str] | None = None,
         audit_fields: dict[str, Any] | None = None,
-        disk: tuple[str, int] | None = None,
+        disk: tuple[str | int, int] | None = None,
     ) -> None:
         self.pid = pid
-        self.disk = disk  # (workspace, limit): its size is sampled
+        # (workspace, limit): its size is sampled; an int is the fd of a
+        # size-capped tmpfs (statvfs: cheap, and the kernel holds the cap).
+        self.disk = disk
         self.disk_used = 0
         self.warn_disk: int | None = None  # bytes: one resource_warning past them
         self.on_exit: Any = None  # called (monitor thread) when the leader exits
@@ -573,13 +575,20 @@ class Monitor:
             peak = max(st.memory_peak or 0, w.memory_peak)
             self._start_kill(w, KillRecord("memory", limit, peak, mech), 0)
 
-    def _sample_disk(self, w: Watch, path: str, limit: int) -> None:
-        used = _workspace.size(path)
+    def _sample_disk(self, w: Watch, path: str | int, limit: int) -> None:
+        if isinstance(path, int):
+            try:
+                used = _workspace.tmpfs_usage(path)[0]
+            except OSError:  # closed by close(): nothing left to watch
+                return
+            mech = "tmpfs:size"
+        else:
+            used, mech = _workspace.size(path), "watchdog:disk"
         w.disk_used = max(w.disk_used, used)
         if w.warn_disk is not None and used >= w.warn_disk:
             w.warn_disk = None  # once
             fields = {"field": "disk", "limit": limit, "observed": used}
-            self._defer_warning({**fields, "mechanism": "watchdog:disk", **(w.audit or {})})
+            self._defer_warning({**fields, "mechanism": mech, **(w.audit or {})})
         if w.kill is None and used > limit:
             self._start_kill(w, KillRecord("disk", limit, used, "watchdog:disk"), 0)
 

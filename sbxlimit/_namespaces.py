@@ -19,7 +19,7 @@ import socket
 from ._enforce import CLONE_NEWNET, CLONE_NEWUSER, Plan
 from ._landlock import handled_rights
 
-__all__ = ["Spawn", "fd_path", "tmpfs_usage"]
+__all__ = ["Spawn", "copy_out", "fd_path"]
 
 
 class Spawn:
@@ -95,12 +95,6 @@ def fd_path(fd: int) -> str:
     """A path to what `fd` refers to, usable by this process (and its
     children) for as long as the fd is open."""
     return f"/proc/{os.getpid()}/fd/{fd}"
-
-
-def tmpfs_usage(fd: int) -> tuple[int, bool]:
-    """(bytes used, full) of the tmpfs whose root is `fd`."""
-    st = os.fstatvfs(fd)
-    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bfree == 0
 
 
 def copy_out(fd: int, dest: str) -> None:

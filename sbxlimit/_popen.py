@@ -445,7 +445,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             quota = self._sbx_quota is not None
             if p.needs_monitor or pumps or (p.active and piped) or cg_sampled or quota:
                 self._sbx_supervise(pid, pumps, piped or quota)
-            elif self._sbx_warns():
+            elif self._sbx_warns() or (self._sbx_ws_fd >= 0 and self._sbx_warns_disk()):
                 self._sbx_supervise(pid, pumps, piped)
         except BaseException:
             if self._sbx_workspace is not None:
@@ -496,6 +496,20 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         n = self.limits.memory
         return (int(n * self._sbx_warn_at), n, self._sbx_plan.enforced.get("memory", ""))
 
+    def _sbx_disk_watch(self) -> tuple[str | int, int] | None:
+        """What the supervisor samples for disk: the workspace's path (the
+        watchdog), or the tmpfs's fd (warnings only: the kernel holds it)."""
+        p = self._sbx_plan
+        if p.disk is None:
+            return None
+        if self._sbx_ws_fd >= 0:
+            return (self._sbx_ws_fd, p.disk) if self._sbx_warns_disk() else None
+        path = self._sbx_disk_path()
+        return (path, p.disk) if path else None
+
+    def _sbx_warns_disk(self) -> bool:
+        return self._sbx_warn_at is not None and audit.active()
+
     def _sbx_warns(self) -> bool:
         """A memory resource_warning is wanted: someone listens to audit
         events and there is a memory limit to warn about."""
@@ -529,9 +543,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             cg_memory=cg_memory,
             warn_memory=self._sbx_warn_memory(),
             audit_fields=self._sbx_audit_fields() if audit.active() else None,
-            disk=(path, p.disk)
-            if (path := self._sbx_disk_path()) and p.disk and not p.disk_tmpfs
-            else None,
+            disk=self._sbx_disk_watch(),
         )
         for pump in pumps:
             pump.watch = watch
@@ -656,7 +668,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 self._sbx_remove_profile()
             if self._sbx_plan.active:  # the reap of a plain Popen stays as it was
                 if self._sbx_ws_fd >= 0:
-                    self._sbx_disk, self._sbx_disk_full = _namespaces.tmpfs_usage(self._sbx_ws_fd)
+                    self._sbx_disk, self._sbx_disk_full = _workspace.tmpfs_usage(self._sbx_ws_fd)
                 else:
                     disk_path = self._sbx_disk_path()
                     if disk_path is not None:
@@ -795,7 +807,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
     def _sbx_live_disk(self) -> int | None:
         if self._sbx_ws_fd >= 0:
-            return _namespaces.tmpfs_usage(self._sbx_ws_fd)[0]
+            return _workspace.tmpfs_usage(self._sbx_ws_fd)[0]
         path = self._sbx_disk_path()
         return _workspace.size(path) if path is not None else None
 

@@ -4,7 +4,9 @@ Named ``sbxlimit-<sandbox id>-*`` in the temp directory, so that ``sbxlimit
 gc`` finds what a crashed supervisor left.  What the program writes there
 stays readable by the caller until the sandbox is closed (the end of its
 ``with`` block, or ``Popen.close()``); then it is removed, unless
-``Policy(keep_workdir=True)``.  ``disk`` is held by sampling its size.
+``Policy(keep_workdir=True)``.  ``disk`` is held by a size-capped tmpfs
+over it in the sandbox's own mount namespace where one can be made
+(``_namespaces``), else by sampling its size.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import stat
 import tempfile
 import threading
 
-__all__ = ["create", "forget", "remove", "size"]
+__all__ = ["create", "forget", "remove", "size", "tmpfs_usage"]
 
 _live: set[str] = set()
 _lock = threading.Lock()
@@ -79,6 +81,12 @@ def size(path: str) -> int:
                 if stat.S_ISDIR(st.st_mode):
                     stack.append(entry.path)
     return total
+
+
+def tmpfs_usage(fd: int) -> tuple[int, bool]:
+    """(bytes used, full) of the size-capped tmpfs whose root is `fd`."""
+    st = os.fstatvfs(fd)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bfree == 0
 
 
 @atexit.register

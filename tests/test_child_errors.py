@@ -16,6 +16,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit._cgroup import discover
+from sbxlimit._enforce import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._testing import fail_child_at
 
 from .conftest import holds, why_not
@@ -34,6 +35,11 @@ def _kwargs(step: str, tmp_path) -> dict:
         "session:setsid": {"start_new_session": True},
         "session:setpgid": {"process_group": 0},
         "pdeathsig": {"limits": L(wall_time=10), "die_with_parent": True},
+        "ns:unshare": {"policy": sbxlimit.Policy(network="deny", workdir="/")},
+        "ns:idmap": {"policy": sbxlimit.Policy(network="deny", workdir="/")},
+        "ns:loopback": {"policy": sbxlimit.Policy(network="deny", workdir="/")},
+        "ns:mount": {"limits": L(disk="1Mi")},
+        "ns:pid": {"policy": sbxlimit.Policy(isolate_pids=True, workdir="/")},
         "rlimit:RLIMIT_CORE": {"limits": L(wall_time=10)},
         "rlimit:RLIMIT_CPU": {"limits": L(cpu_time=10)},
         "rlimit:RLIMIT_FSIZE": {"limits": L(file_size="1Mi")},
@@ -73,6 +79,15 @@ def test_step_failure_reaches_python(step, tmp_path):
         pytest.skip(f"no cgroup to join: {discover().reason}")
     if step == "landlock:restrict" and sbxlimit._core.landlock_abi() < 1:
         pytest.skip(f"no Landlock here ({why_not('landlock')})")
+    if step.startswith("ns:"):
+        flag = {"ns:mount": CLONE_NEWNS, "ns:pid": CLONE_NEWPID | CLONE_NEWNS}.get(
+            step, CLONE_NEWNET
+        )
+        ns = namespaces(flag)
+        if not ns.ok:
+            pytest.skip(f"no namespace here: {ns.reason}")
+        if step == "ns:idmap" and not ns.user:
+            pytest.skip("no uid map to write: this process makes namespaces without a user one")
     if step == "signals:reset" and not sbxlimit._core.HAS_VFORK:
         pytest.skip("handlers are reset only in a CLONE_VM child; this build forks")
     if step == "signals:mask" and not sbxlimit._core.HAS_VFORK:

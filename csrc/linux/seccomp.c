@@ -141,7 +141,7 @@ static int resolve(struct prog *p)
     return 0;
 }
 
-#define ARG_LO(i) ((unsigned)offsetof(struct seccomp_data, args[i])) /* little-endian */
+#define ARG_LO(i)         ((unsigned)offsetof(struct seccomp_data, args[i])) /* little-endian */
 #define JEQ(p, k, target) emit((p), BPF_JMP | BPF_JEQ | BPF_K, (unsigned)(k), (target), L_NONE)
 #endif
 
