@@ -459,7 +459,11 @@ class Namespaces:
 def namespaces(flags: int) -> Namespaces:
     """Try `flags` (CLONE_NEW*) for real, in a child: directly where we hold
     CAP_SYS_ADMIN, else inside an unprivileged user namespace (uid/gid
-    mapped to our own)."""
+    mapped to our own).  ``SBXLIMIT_NAMESPACES=0`` turns them off (a
+    container whose seccomp profile kills on unshare, or to use the
+    fallbacks on purpose)."""
+    if os.environ.get("SBXLIMIT_NAMESPACES") == "0":
+        return Namespaces(False, reason="namespaces turned off (SBXLIMIT_NAMESPACES=0)")
     if _capability(_CAP_SYS_ADMIN) and _core.probe(_core.PROBE_NAMESPACES, flags, 2000) == 0:
         return Namespaces(True)
     err = _core.probe(_core.PROBE_NAMESPACES, flags | CLONE_NEWUSER, 2000)
