@@ -348,7 +348,8 @@ def _mounted(path: str) -> bool:
 
 @needs_mntns
 def test_disk_tmpfs_enospc_and_outputs_readable_until_close():
-    sbxlimit.run(["true"], limits=Limits(disk="1Mi"))  # the supervisor's own fds, made once
+    # The supervisor's own fds (epoll, wake-up pipe) are made once, at first use.
+    sbxlimit.run(["true"], limits=Limits(disk="1Mi"), capture_output=True)
     fds = set(os.listdir("/proc/self/fd"))
     with sbxlimit.Popen(
         [PY, "-c", WRITE], limits=Limits(disk="1Mi"), policy=Policy(), stdout=subprocess.PIPE
@@ -367,6 +368,9 @@ def test_disk_tmpfs_enospc_and_outputs_readable_until_close():
         assert os.listdir(host_dir) == ["tmp"]  # made before the start, never written
     assert p.workspace is None and not os.path.exists(host_dir)
     p.stdout.close()
+    deadline = time.monotonic() + 5  # the supervisor drops its pidfd on its next turn
+    while set(os.listdir("/proc/self/fd")) != fds and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert set(os.listdir("/proc/self/fd")) == fds  # the tmpfs's fd too
 
 
