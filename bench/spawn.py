@@ -11,9 +11,12 @@ The cgroup variant makes, limits, joins and removes a cgroup per sandbox
 (v2: the child is born in it with clone3(CLONE_INTO_CGROUP)); it is reported
 only where a cgroup can be used (see `sbxlimit doctor`).  For cgroup v2 on a
 v1 host: tests/vm/run-in-uml.sh python bench/spawn.py --rounds 100.
-Last, the cost of Popen.usage() on 100 live sandboxes.
+Then the Linux sandbox (Landlock + seccomp) and each namespace on top of it,
+in a group of their own (isolate_pids fork()s, whose copy-on-write faults
+would land on the next variant).  Last, the cost of Popen.usage() on 100
+live sandboxes.
 
-    python bench/spawn.py [--rounds 400] [--big-mib 256]
+    python bench/spawn.py [--rounds 400] [--big-mib 256] [--only namespaces]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -75,6 +79,39 @@ def other_variants() -> dict[str, Callable[[], object]]:
         ]
         v["prlimit CLI"] = lambda: subprocess.run(cmd)
     return v
+
+
+def ns_variants() -> dict[str, Callable[[], object]]:
+    """The Policy's protections, one at a time, each with workdir="/" so
+    that only the tmpfs variant pays for a private workspace."""
+    from sbxlimit._enforce import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
+
+    pol = sbxlimit.Policy(workdir="/")
+    v: dict[str, Callable[[], object]] = {
+        "subprocess.run": lambda: subprocess.run([TRUE]),
+        "policy (landlock+seccomp)": lambda: sbxlimit.run([TRUE], policy=pol),
+        "policy, private workspace": lambda: sbxlimit.run([TRUE], policy=sbxlimit.Policy()),
+    }
+    if namespaces(CLONE_NEWNET).ok:
+        deny = sbxlimit.Policy(workdir="/", network="deny")
+        v["+network=deny (netns)"] = lambda: sbxlimit.run([TRUE], policy=deny)
+    if namespaces(CLONE_NEWNS).ok:
+        disk = sbxlimit.Limits(disk="64Mi")
+        v["+disk (tmpfs workspace)"] = lambda: sbxlimit.run(
+            [TRUE], limits=disk, policy=sbxlimit.Policy()
+        )
+    if namespaces(CLONE_NEWPID | CLONE_NEWNS).ok:
+        pids = sbxlimit.Policy(workdir="/", isolate_pids=True)
+        v["+isolate_pids (fork, reaper)"] = lambda: sbxlimit.run([TRUE], policy=pids)
+    return v
+
+
+def report_ns(title: str, group: dict[str, float]) -> None:
+    print(f"\n{title}")
+    print(f"{'variant':30} {'median':>10} {'ratio':>7}")
+    base = group["subprocess.run"]
+    for n, t in group.items():
+        print(f"{n:30} {t * 1e6:8.0f}us {t / base:6.2f}x")
 
 
 def measure(rounds: int, vs: dict[str, Callable[[], object]]) -> dict[str, float]:
@@ -132,7 +169,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=400)
     ap.add_argument("--big-mib", type=int, default=256)
+    ap.add_argument("--only", choices=["namespaces"], help="run one group")
     a = ap.parse_args()
+    if a.only == "namespaces" or sys.platform.startswith("linux"):
+        report_ns("Linux sandbox: policy and namespaces", measure(a.rounds // 2, ns_variants()))
+        if a.only:
+            return
     report(
         "parent: this interpreter",
         measure(a.rounds, sbx_variants()),
