@@ -168,6 +168,15 @@ def no_leaks():
     assert not problems, "; ".join(problems)
 
 
+@pytest.fixture(autouse=True)
+def fresh_downgrade_warnings():
+    """Downgrade warnings come once per process: each test starts with none
+    given yet, so that what one test triggers cannot silence another's."""
+    from sbxlimit import _enforce
+
+    _enforce._warned.clear()
+
+
 @pytest.fixture
 def py() -> str:
     return PY
