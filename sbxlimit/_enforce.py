@@ -245,12 +245,11 @@ def _plan(
                     "memory-backed: its pages count toward the memory limit)"
                 )
             else:
+                why = f"; no tmpfs: {ns.reason}" if ns is not None else ""
                 p.enforced["disk"] = (
                     "watchdog:disk (the workspace's size, sampled; a burst between samples "
-                    "can pass the cap before the kill)"
+                    f"can pass the cap before the kill{why})"
                 )
-                if ns is not None:
-                    p.enforced["disk"] += f"; no tmpfs: {ns.reason}"
             if private:
                 p.workspace = True
 

@@ -244,6 +244,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         sys.audit("subprocess.Popen", executable, args, cwd, env)
 
         p = self._sbx_plan
+        implicit_cwd = cwd is None  # a cwd sbxlimit picks must not move "./prog"
         if p.active and self.policy is not None:
             env = self.policy.filter_env(os.environ if env is None else env)
             env.update(proxy_env(self.policy))
@@ -269,6 +270,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if self._sbx_target is not None:
                 exec_paths = None  # fork only: the child runs the target
             elif b"/" in exe:
+                if implicit_cwd and cwd is not None and not os.path.isabs(exe):
+                    # subprocess would find it from the caller's directory.
+                    exe = os.path.abspath(exe)
                 exec_paths = (exe,)
             else:
                 exec_paths = resolve_executable(

@@ -111,3 +111,19 @@ def test_a_failed_spawn_removes_the_workspace():
         sbxlimit.Popen(["/nonexistent/prog"], policy=POLICY)
     after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("sbxlimit-")}
     assert after == before
+
+
+def test_a_relative_program_is_found_from_the_callers_directory(tmp_path, monkeypatch):
+    # subprocess finds "./prog" from the caller's cwd; the private workspace
+    # sbxlimit picks as cwd must not change that.
+    prog = tmp_path / "prog"
+    prog.write_text("#!/bin/sh\npwd\n")
+    prog.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    with sbxlimit.Popen(["./prog"], policy=POLICY, stdout=subprocess.PIPE, text=True) as p:
+        out, _ = p.communicate()
+        assert p.returncode == 0 and out.strip() == p.workspace
+    # An explicit cwd keeps subprocess's rule: relative to that cwd.
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(FileNotFoundError):
+        sbxlimit.Popen(["./prog"], policy=POLICY, cwd=str(tmp_path / "sub"))
