@@ -9,7 +9,7 @@
  * is out of reach, as on Linux without a cgroup (docs/SECURITY.md).
  *
  * Parent side only.  Compiled for macOS only; the Linux build checks it
- * through the cross-compile test (tests/test_darwin_build.py).
+ * through the cross-compile test (tests/test_cross_build.py).
  */
 #include <errno.h>
 #include <libproc.h>
