@@ -15,6 +15,7 @@ import array
 import os
 import shutil
 import socket
+import warnings
 
 from ._enforce import CLONE_NEWNET, CLONE_NEWUSER, Plan
 from ._landlock import handled_rights
@@ -99,5 +100,16 @@ def fd_path(fd: int) -> str:
 
 def copy_out(fd: int, dest: str) -> None:
     """Copy the tmpfs's contents into `dest` (keep_workdir: the directory
-    outlives the sandbox, the tmpfs cannot)."""
-    shutil.copytree(fd_path(fd), dest, symlinks=True, dirs_exist_ok=True)
+    outlives the sandbox, the tmpfs cannot).  What cannot be copied (a file
+    the program made unreadable) is named in a RuntimeWarning; the rest is
+    copied."""
+    try:
+        shutil.copytree(fd_path(fd), dest, symlinks=True, dirs_exist_ok=True)
+    except shutil.Error as e:
+        failed = [str(src).replace(fd_path(fd), "", 1) or "/" for src, _dst, _why in e.args[0]]
+        warnings.warn(
+            f"sbxlimit: keep_workdir: {len(failed)} entries of the tmpfs workspace could not be "
+            f"copied to {dest}: {', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''}",
+            RuntimeWarning,
+            stacklevel=3,
+        )

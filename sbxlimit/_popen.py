@@ -418,7 +418,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 raise
             if ns is not None:
                 if failure is None and pid != 0:
-                    self._sbx_ws_fd = ns.receive_fd() or -1
+                    got = ns.receive_fd()  # may be 0: the caller may have closed stdin
+                    self._sbx_ws_fd = -1 if got is None else got
                 ns.close()
             if failure is not None:
                 for pump in pumps:
@@ -830,10 +831,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             super().__del__()
         finally:
             ws = self._sbx_workspace
-            if ws is not None and self.returncode is not None and not self._sbx_plan.keep_workspace:
+            keep = self._sbx_plan.keep_workspace
+            if ws is not None and self.returncode is not None and not keep:
                 self._sbx_workspace = None
-                self._sbx_close_tmpfs(copy_to=None)
                 _workspace.remove(ws)
+            if not keep:  # nobody can read it any more (with keep, close() copies it out)
+                self._sbx_close_tmpfs(copy_to=None)
 
     @property
     def workspace(self) -> str | None:

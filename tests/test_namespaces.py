@@ -416,3 +416,21 @@ def test_unprivileged_user_namespace_keeps_the_users_ids():
     assert (int(uid), int(gid)) == (os.geteuid(), os.getegid())
     assert uid_map.split() == [str(os.geteuid()), str(os.geteuid()), "1"]
     assert r.enforced["network"].startswith("userns+netns")
+
+
+@needs_mntns
+def test_disk_tmpfs_keep_workdir_copies_what_it_can():
+    # A named pipe cannot be copied (and must not hang close() either).
+    pol = Policy(keep_workdir=True, protect_dotfiles=False)
+    p = sbxlimit.Popen(["sh", "-c", "echo a > ok; mkfifo pipe"], limits={"disk": "1Mi"}, policy=pol)
+    p.wait()
+    host_dir = p._sbx_workspace
+    try:
+        with pytest.warns(RuntimeWarning, match="could not be copied.*pipe"):
+            p.close()
+        with open(os.path.join(host_dir, "ok")) as f:
+            assert f.read() == "a\n"
+    finally:
+        import shutil
+
+        shutil.rmtree(host_dir)
