@@ -69,15 +69,19 @@ class Limits:
     naming the field and the input.
 
     Fields:
-        memory: bytes the sandbox may use (RLIMIT_DATA per process plus a
-            watchdog on the tree's resident memory; cgroups are planned).
+        memory: bytes the sandbox may use (the cgroup's memory limit; without
+            a cgroup, RLIMIT_DATA per process plus a watchdog on the tree's
+            resident memory).
         cpu_time: CPU seconds (RLIMIT_CPU, per process; SIGXCPU, then SIGKILL
             one second later).
-        cpu: CPU rate in millicores (needs a cgroup: not enforced yet).
+        cpu: CPU rate in millicores (the cgroup's CPU quota; not enforced
+            without a cgroup).
         pids: processes + threads in the sandbox.
         open_files: file descriptors per process (RLIMIT_NOFILE).
         file_size: largest file the program may write (RLIMIT_FSIZE).
-        disk: bytes in the workspace.
+        disk: bytes in the workspace (Linux: a tmpfs of that size over the
+            private workspace, in a mount namespace of the sandbox's own;
+            else a watchdog that samples its size).
         wall_time: seconds from start until the whole tree is terminated.
         output: bytes of stdout (and, separately, stderr) passed on; past it
             the sandbox is killed, or the rest discarded with
