@@ -248,6 +248,14 @@ def _running(marker: str) -> bool:
     return False
 
 
+# setsid(1) calls setsid() before it execs sleep: once `sleep <marker>`
+# exists, it has left the session and the process group.
+ESCAPE = (
+    "setsid sleep {marker} > /dev/null 2>&1 < /dev/null & "
+    "for i in $(seq 1000); do pgrep -fx 'sleep {marker}' > /dev/null && break; sleep 0.01; done"
+)
+
+
 @needs_pidns
 @pytest.mark.parametrize("isolate", [True, False])
 def test_isolate_pids_kills_what_escaped_the_session(isolate):
@@ -255,7 +263,7 @@ def test_isolate_pids_kills_what_escaped_the_session(isolate):
     # (turned off here) only the PID namespace catches it.
     marker = f"{time.time() % 1000 + 1000:.3f}"
     r = sbxlimit.run(
-        ["sh", "-c", f"setsid sleep {marker} > /dev/null 2>&1 < /dev/null & sleep 0.3; exit 0"],
+        ["sh", "-c", ESCAPE.format(marker=marker)],
         policy=Policy(isolate_pids=isolate, workdir="/"),
         cgroup_parent="none",
     )
