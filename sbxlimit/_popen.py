@@ -250,6 +250,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             env.update(proxy_env(self.policy))
             if cwd is None and self.policy.workdir is not None:
                 cwd = self.policy.workdir
+        ns: _namespaces.Spawn | None = None
         if p.workspace:
             ws = self._sbx_workspace = _workspace.create(self.sandbox_id)
             if cwd is None:
@@ -303,8 +304,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if errwrite != -1 and errread != -1 and errwrite != devnull:
                 close_after.append(errwrite)
 
-            # First of the parent's preparations: nothing to undo if it fails.
-            ns = _namespaces.Spawn(p, self._sbx_workspace, uid, gid) if p.ns_flags else None
+            if p.ns_flags:
+                ns = _namespaces.Spawn(p, self._sbx_workspace, uid, gid)
 
             pgid = process_group
             die = self._sbx_die_with_parent
@@ -322,8 +323,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                             pumps, close_after, c2pread, c2pwrite, errread, errwrite, devnull
                         )
                     except BaseException:
-                        if ns is not None:
-                            ns.close()
                         for pump in pumps:
                             pump.discard()
                         for fd in close_after[close_after.index(devnull) + 1 :]:
@@ -341,8 +340,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     )
                     cg_procs = cg.procs_fds()
                 except BaseException as e:
-                    if ns is not None:
-                        ns.close()
                     for pump in pumps:
                         pump.discard()
                     if self._sbx_cgroup is not None:
@@ -364,8 +361,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 try:
                     landlock_fd, _n = _core.landlock_ruleset(handled, ll_rules, *p.landlock_net)
                 except OSError as e:
-                    if ns is not None:
-                        ns.close()
                     for pump in pumps:
                         pump.discard()
                     for fd in cg_procs:
@@ -413,8 +408,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     pump.discard()
                 self._sbx_release_cgroup()
                 self._sbx_remove_profile()
-                if ns is not None:
-                    ns.close()
                 raise
             if ns is not None:
                 if failure is None and pid != 0:
@@ -453,6 +446,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             elif self._sbx_warns() or (self._sbx_ws_fd >= 0 and self._sbx_warns_disk()):
                 self._sbx_supervise(pid, pumps, piped)
         except BaseException:
+            if ns is not None:
+                ns.close()  # idempotent: the sockets of a spawn that did not happen
             if self._sbx_workspace is not None:
                 _workspace.remove(self._sbx_workspace)
                 self._sbx_workspace = None

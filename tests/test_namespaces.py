@@ -442,3 +442,17 @@ def test_disk_tmpfs_keep_workdir_copies_what_it_can():
         import shutil
 
         shutil.rmtree(host_dir)
+
+
+@needs_mntns
+def test_a_failed_namespace_spawn_leaks_nothing():
+    from sbxlimit._testing import fail_child_at
+
+    sbxlimit.run(["true"], limits=Limits(disk="1Mi"), capture_output=True)  # the supervisor's fds
+    fds = set(os.listdir("/proc/self/fd"))
+    tmp = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+    for step in ("ns:mount", "exec"):
+        with fail_child_at(step), pytest.raises(OSError):
+            sbxlimit.Popen(["true"], limits=Limits(disk="1Mi"), stdout=subprocess.PIPE)
+    assert set(os.listdir("/proc/self/fd")) == fds
+    assert set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) == tmp
