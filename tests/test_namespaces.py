@@ -456,3 +456,21 @@ def test_a_failed_namespace_spawn_leaks_nothing():
             sbxlimit.Popen(["true"], limits=Limits(disk="1Mi"), stdout=subprocess.PIPE)
     assert set(os.listdir("/proc/self/fd")) == fds
     assert set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) == tmp
+
+
+@needs_pidns
+def test_a_caller_that_ignores_sigchld():
+    # The probe's own children must not reap themselves, and the program
+    # keeps the ignored SIGCHLD execve would have kept.
+    r = in_python(
+        """
+        import signal, sbxlimit
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        for iso in (False, True):
+            pol = sbxlimit.Policy(isolate_pids=iso, workdir="/", strict=True)
+            r = sbxlimit.run(["grep", "^SigIgn", "/proc/self/status"], policy=pol,
+                             capture_output=True, text=True)
+            print(int(r.stdout.split()[1], 16) >> (signal.SIGCHLD - 1) & 1)
+        """
+    )
+    assert r.stdout.split() == ["1", "1"], r.stderr

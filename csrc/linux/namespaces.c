@@ -251,6 +251,7 @@ static _Noreturn void mirror(pid_t init, int status_fd, const sigset_t *all)
 static void enter_pid_ns(const struct sbx_child_ctx *ctx)
 {
     const struct sbx_spec *s = ctx->spec;
+    struct sigaction dfl, chld;
     sigset_t all, saved;
     int fds[2];
     pid_t init, target;
@@ -259,8 +260,11 @@ static void enter_pid_ns(const struct sbx_child_ctx *ctx)
     sigfillset(&all);
     (void)sigprocmask(SIG_BLOCK, &all, &saved);
     /* Blocked signals queue for sigwaitinfo; an ignored SIGCHLD would
-     * reap children before we can read their status. */
-    (void)signal(SIGCHLD, SIG_DFL);
+     * reap children before we can read their status.  The target gets the
+     * caller's disposition back (execve keeps an ignored one). */
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    (void)sigaction(SIGCHLD, &dfl, &chld);
     SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 0, init = fork());
     if (init > 0) {
         close(fds[1]);
@@ -289,6 +293,7 @@ static void enter_pid_ns(const struct sbx_child_ctx *ctx)
         reaper(target, fds[1], &all);
     }
     close(fds[1]);
+    (void)sigaction(SIGCHLD, &chld, NULL);
     (void)sigprocmask(SIG_SETMASK, &saved, NULL);
 }
 
@@ -362,6 +367,9 @@ int sbx_ns_probe_child(long flags)
             return -1;
     }
     if (flags & CLONE_NEWPID) {
+        /* A caller that ignores SIGCHLD would make its children reap
+         * themselves: waitpid would find nothing. */
+        (void)signal(SIGCHLD, SIG_DFL);
         pid = fork();
         if (pid < 0)
             return -1;
