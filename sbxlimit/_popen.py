@@ -656,8 +656,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         try:
             pid, sts, rusage = _wait4(self.pid, wait_flags)
         except ChildProcessError:
-            # SIGCHLD ignored or reaped elsewhere: status unknown.
-            return (self.pid, 0)
+            # SIGCHLD ignored or reaped elsewhere: status unknown (as in
+            # subprocess), but the sandbox is over: clean up all the same.
+            pid, sts, rusage = self.pid, 0, None
         if pid == self.pid:
             self._sbx_rusage = rusage
             if self._sbx_end is None:
