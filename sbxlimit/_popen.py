@@ -9,6 +9,7 @@ it is reaped (``wait4``, for rusage), and adds ``limits``, ``policy``,
 
 from __future__ import annotations
 
+import atexit
 import errno
 import itertools
 import os
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
@@ -39,6 +41,9 @@ __all__ = ["Popen"]
 
 _ids = itertools.count(1)
 _DEFAULT_INTERVAL = 0.1
+# Running sandboxes that hold a cgroup and die with this process
+# (PR_SET_PDEATHSIG): ended and cleaned up at exit, see _end_at_exit.
+_dying_with_us: weakref.WeakSet[Popen] = weakref.WeakSet()
 _NO_PLAN = Plan()  # a plain Popen: no limits, no policy
 _LINUX = sys.platform.startswith("linux")
 
@@ -429,6 +434,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 )
             self.pid = pid
             self._child_created = True
+            if pdeathsig and self._sbx_cgroup is not None:
+                _dying_with_us.add(self)
             if p.active and audit.active():
                 self._sbx_audit_spawn()
             if start_new_session or pgid == 0:
@@ -985,3 +992,20 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 disk_full=self._sbx_disk_full,
             )
         return o
+
+
+@atexit.register
+def _end_at_exit() -> None:
+    """Sandboxes nobody waited for, and that die with this process anyway
+    (the parent-death signal comes once it is gone): end them now, while
+    their cgroups can still be removed (the monitor's exit drain does it)."""
+    end = time.monotonic() + 2.0
+    for p in list(_dying_with_us):
+        if p.returncode is not None or p._sbx_cgroup is None:
+            continue
+        try:
+            p._sbx_cgroup.kill()
+            while p.poll() is None and time.monotonic() < end:
+                time.sleep(0.005)
+        except Exception:  # at exit: never let one sandbox stop the rest
+            pass

@@ -3,6 +3,7 @@ output capture) and tree control: real programs, real kills."""
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -459,8 +460,13 @@ def test_unwaited_sandbox_at_interpreter_exit_is_quiet():
         "threading.Thread(target=lambda: None).start()\n"
         "p = sbxlimit.Popen(['sleep', '0.3'], limits=sbxlimit.Limits(wall_time=5))\n"
     )
+    code += "print(f'{__import__(\"os\").getpid():x}')\n"
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=30)
     assert "Exception ignored" not in r.stderr, r.stderr
+    # It dies with the interpreter (parent-death signal); its cgroup must not
+    # outlive it.
+    owner = r.stdout.strip()
+    assert not glob.glob(f"/sys/fs/cgroup/**/sbx-{owner}-*", recursive=True)
     time.sleep(0.5)
 
 
