@@ -23,7 +23,17 @@ from typing import Any
 from . import _core
 from ._cgroup import discover
 from ._cgroupfs import mounts, own_cgroups, v2_mount
-from ._enforce import UNENFORCED, can_raise_hard_limits, namespaces, plan
+from ._enforce import (
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    UNENFORCED,
+    can_raise_hard_limits,
+    namespaces,
+    plan,
+    userns_blockers,
+)
 from ._limits import Limits
 from ._policy import Policy
 
@@ -58,12 +68,6 @@ _CAPS = {
     "CAP_SYS_ADMIN": 21,
     "CAP_SYS_RESOURCE": 24,
 }
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = (
-    0x00020000,
-    0x10000000,
-    0x20000000,
-    0x40000000,
-)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -163,9 +167,9 @@ def doctor() -> Report:
             _check_seccomp,
             _check_landlock,
             _check_userns,
-            lambda: _check_ns("mount_namespace", _CLONE_NEWNS),
-            lambda: _check_ns("network_namespace", _CLONE_NEWNET),
-            lambda: _check_ns("pid_namespace", _CLONE_NEWPID),
+            lambda: _check_ns("mount_namespace", CLONE_NEWNS),
+            lambda: _check_ns("network_namespace", CLONE_NEWNET),
+            lambda: _check_ns("pid_namespace", CLONE_NEWPID),
             _check_container,
         ]
     elif sys.platform == "darwin":
@@ -542,23 +546,11 @@ def _check_landlock() -> Check:
     )
 
 
-# sysctl, the value that blocks unprivileged user namespaces, the fix.
-_USERNS_BLOCKERS = (
-    ("kernel.unprivileged_userns_clone", "0", "1"),
-    ("user.max_user_namespaces", "0", "10000"),
-    ("kernel.apparmor_restrict_unprivileged_userns", "1", "0"),
-)
-
-
 def _check_userns() -> Check:
-    err = _core.probe(_core.PROBE_UNSHARE, _CLONE_NEWUSER, _TIMEOUT_MS)
+    err = _core.probe(_core.PROBE_UNSHARE, CLONE_NEWUSER, _TIMEOUT_MS)
     if not err:
         return Check("user_namespace", OK, "user namespaces can be created")
-    blockers = [
-        (name, good)
-        for name, bad, good in _USERNS_BLOCKERS
-        if _read("/proc/sys/" + name.replace(".", "/")) == bad
-    ]
+    blockers = [(name, good) for name, _bad, good in userns_blockers()]
     why = f" (blocked by {', '.join(n for n, _g in blockers)})" if blockers else ""
     fix = " ".join(f"sysctl -w {n}={g};" for n, g in blockers).rstrip(";")
     return Check(
@@ -570,16 +562,16 @@ def _check_userns() -> Check:
 
 
 _NS_USES = {
-    _CLONE_NEWNS: "disk as a size-capped tmpfs workspace",
-    _CLONE_NEWNET: "network='deny' (loopback only)",
-    _CLONE_NEWPID: "isolate_pids (a reaper as PID 1)",
+    CLONE_NEWNS: "disk as a size-capped tmpfs workspace",
+    CLONE_NEWNET: "network='deny' (loopback only)",
+    CLONE_NEWPID: "isolate_pids (a reaper as PID 1)",
 }
 
 
 def _check_ns(name: str, flag: int) -> Check:
     # The spawn path's own probe (cached): unshare, the uid/gid maps, lo up,
     # a tmpfs mount, a fork into the PID namespace, in a throw-away child.
-    flags = flag | (_CLONE_NEWNS if flag == _CLONE_NEWPID else 0)
+    flags = flag | (CLONE_NEWNS if flag == CLONE_NEWPID else 0)
     ns = namespaces(flags)
     if not ns.ok:
         return Check(

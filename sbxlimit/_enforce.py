@@ -474,29 +474,38 @@ def namespaces(flags: int) -> Namespaces:
     return Namespaces(False, reason=why)
 
 
-def _userns_blocked() -> str:
-    """The knob that forbids unprivileged user namespaces here, if one does."""
-    for path, bad, what in (
-        (
-            "/proc/sys/kernel/unprivileged_userns_clone",
-            "0",
-            "sysctl kernel.unprivileged_userns_clone=0",
-        ),
-        ("/proc/sys/user/max_user_namespaces", "0", "sysctl user.max_user_namespaces=0"),
-        (
-            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
-            "1",
-            "AppArmor restricts unprivileged user namespaces "
-            "(kernel.apparmor_restrict_unprivileged_userns=1; Ubuntu 24.04's default)",
-        ),
-    ):
+# sysctl, the value that blocks unprivileged user namespaces, the fix
+# (doctor's user_namespace row uses the same table).
+USERNS_BLOCKERS = (
+    ("kernel.unprivileged_userns_clone", "0", "1"),
+    ("user.max_user_namespaces", "0", "10000"),
+    ("kernel.apparmor_restrict_unprivileged_userns", "1", "0"),
+)
+
+
+def userns_blockers() -> list[tuple[str, str, str]]:
+    """The (sysctl, its value, the fix) that forbid unprivileged user
+    namespaces here."""
+    found = []
+    for name, bad, good in USERNS_BLOCKERS:
         try:
-            with open(path) as f:
+            with open("/proc/sys/" + name.replace(".", "/")) as f:
                 if f.read().strip() == bad:
-                    return f"unprivileged user namespaces are disabled: {what}"
+                    found.append((name, bad, good))
         except OSError:
             continue
-    return ""
+    return found
+
+
+def _userns_blocked() -> str:
+    """Why unprivileged user namespaces are forbidden here, if a knob says."""
+    found = userns_blockers()
+    if not found:
+        return ""
+    knobs = ", ".join(f"{name}={bad}" for name, bad, _good in found)
+    apparmor = any("apparmor" in name for name, _b, _g in found)
+    extra = " (AppArmor: Ubuntu 24.04's default)" if apparmor else ""
+    return f"unprivileged user namespaces are disabled: sysctl {knobs}{extra}"
 
 
 def _plan_seatbelt(p: Plan, policy: Policy) -> None:

@@ -30,12 +30,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _sources() -> list[str]:
+def _sources(platform: str = "darwin") -> list[str]:
     spec = importlib.util.spec_from_file_location("_sbx_setup", os.path.join(ROOT, "setup.py"))
     assert spec is not None and spec.loader is not None
     setup_py = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(setup_py)  # not __main__: defines, does not build
-    return list(setup_py.sources("darwin"))
+    return list(setup_py.sources(platform))
 
 
 def _zig(target: str, *args: str, cwd: str) -> None:
@@ -69,19 +69,11 @@ def test_core_compiles_and_links_for_macos(target, tmp_path):
     assert magic == b"\xcf\xfa\xed\xfe"  # Mach-O, 64-bit
 
 
-def _linux_sources() -> list[str]:
-    spec = importlib.util.spec_from_file_location("_sbx_setup", os.path.join(ROOT, "setup.py"))
-    assert spec is not None and spec.loader is not None
-    setup_py = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(setup_py)
-    return [s for s in setup_py.sources("linux") if not s.endswith("_coremodule.c")]
-
-
 def test_linux_core_compiles_for_aarch64(tmp_path):
     # The seccomp filter, the clone3 trampoline and the namespaces are
     # per-architecture code: the other architecture the filter is built for
     # must at least compile under -Werror.
-    for src in _linux_sources():
+    for src in (s for s in _sources("linux") if not s.endswith("_coremodule.c")):
         obj = str(tmp_path / (os.path.basename(src) + ".o"))
         inc = ["-I", os.path.join(ROOT, "csrc")]
         _zig(
