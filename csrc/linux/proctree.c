@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,7 +95,8 @@ static void vec_free(struct pidvec *v)
     memset(v, 0, sizeof *v);
 }
 
-/* Read a small /proc file; returns bytes read (NUL-terminated) or -1. */
+/* Read a small /proc file whole; returns bytes read (NUL-terminated), or -1
+ * when it cannot be read or does not fit (never half a file). */
 static ssize_t read_small(const char *path, char *buf, size_t size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -102,15 +104,30 @@ static ssize_t read_small(const char *path, char *buf, size_t size)
 
     if (fd < 0)
         return -1;
-    while ((size_t)got < size - 1) {
+    for (;;) {
         n = read(fd, buf + got, size - 1 - (size_t)got);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
             break;
         got += n;
+        if ((size_t)got == size - 1) {
+            char extra;
+
+            do {
+                n = read(fd, &extra, 1);
+            } while (n < 0 && errno == EINTR);
+            if (n != 0) {
+                close(fd);
+                errno = EOVERFLOW;
+                return -1;
+            }
+            break;
+        }
     }
     close(fd);
+    if (n < 0)
+        return -1;
     buf[got] = '\0';
     return got;
 }
@@ -182,11 +199,88 @@ static int for_each_child_of(pid_t pid, int single_thread, int (*fn)(void *, pid
     return 0;
 }
 
-static unsigned long long status_kb(const char *status, const char *key)
-{
-    const char *p = strstr(status, key);
+/* What the watchdog reads of /proc/PID/status. */
+struct status {
+    char state;
+    unsigned long long threads, rss_anon_kb, rss_shmem_kb, swap_kb;
+};
 
-    return p ? strtoull(p + strlen(key), NULL, 10) : 0;
+static void status_line(struct status *st, const char *line)
+{
+    static const struct {
+        const char *key;
+        size_t off;
+    } keys[] = {
+        {"Threads:", offsetof(struct status, threads)},
+        {"RssAnon:", offsetof(struct status, rss_anon_kb)},
+        {"RssShmem:", offsetof(struct status, rss_shmem_kb)},
+        {"VmSwap:", offsetof(struct status, swap_kb)},
+    };
+    size_t i;
+
+    if (strncmp(line, "State:", 6) == 0) {
+        line += 6;
+        st->state = line[strspn(line, " \t")];
+        return;
+    }
+    for (i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        size_t len = strlen(keys[i].key);
+
+        if (strncmp(line, keys[i].key, len) == 0) {
+            *(unsigned long long *)((char *)st + keys[i].off) = strtoull(line + len, NULL, 10);
+            return;
+        }
+    }
+}
+
+/* Read /proc/PID/status to its end, a line at a time: it has no size
+ * bound (a process with 60000 supplementary groups has a 300 KB Groups:
+ * line), and a read cut short would miss the fields after it.  Lines longer
+ * than the buffer are none of ours and are skipped whole.  0, or -1 when
+ * the process is gone. */
+static int read_status(pid_t pid, struct status *st)
+{
+    char path[64], chunk[4096], line[128];
+    size_t used = 0;
+    int fd, overlong = 0;
+
+    memset(st, 0, sizeof *st);
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof chunk), i;
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            close(fd);
+            return -1;
+        }
+        if (n == 0)
+            break;
+        for (i = 0; i < n; i++) {
+            if (chunk[i] != '\n') {
+                if (used < sizeof line - 1)
+                    line[used++] = chunk[i];
+                else
+                    overlong = 1;
+                continue;
+            }
+            line[used] = '\0';
+            if (!overlong)
+                status_line(st, line);
+            used = 0;
+            overlong = 0;
+        }
+    }
+    close(fd);
+    if (used && !overlong) {
+        line[used] = '\0';
+        status_line(st, line);
+    }
+    return st->state ? 0 : -1;
 }
 
 /* ---- sampling ---------------------------------------------------------- */
@@ -219,25 +313,18 @@ int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
         return -1;
     for (i = 0; i < w.v.n; i++) {
         pid_t pid = w.v.pid[i];
-        const char *st, *rp;
-        unsigned long long threads;
+        const char *rp;
+        struct status st;
 
-        snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-        if (read_small(path, buf, sizeof buf) < 0)
+        if (read_status(pid, &st) < 0)
             continue; /* gone */
-        st = strstr(buf, "\nState:");
-        if (st) {
-            st += 7 + strspn(st + 7, " \t");
-            if (*st == 'Z' || *st == 'X')
-                continue; /* zombie: no memory, no children left */
-        }
+        if (st.state == 'Z' || st.state == 'X')
+            continue; /* zombie: no memory, no children left */
         if (i == 0)
             out->root_alive = 1;
-        threads = status_kb(buf, "\nThreads:");
         out->procs++;
-        out->tasks += (uint32_t)(threads ? threads : 1);
-        out->memory += 1024ULL * (status_kb(buf, "\nRssAnon:") + status_kb(buf, "\nRssShmem:") +
-                                  status_kb(buf, "\nVmSwap:"));
+        out->tasks += (uint32_t)(st.threads ? st.threads : 1);
+        out->memory += 1024ULL * (st.rss_anon_kb + st.rss_shmem_kb + st.swap_kb);
 
         snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
         if (read_small(path, buf, sizeof buf) > 0 && (rp = strrchr(buf, ')')) != NULL) {
@@ -251,7 +338,7 @@ int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
                 out->cpu_system += (double)stt / (double)ticks;
             }
         }
-        if (for_each_child_of(pid, threads <= 1, sample_push, &w) < 0 && errno == E2BIG)
+        if (for_each_child_of(pid, st.threads <= 1, sample_push, &w) < 0 && errno == E2BIG)
             break;
     }
     vec_free(&w.v);
@@ -274,7 +361,7 @@ static int pidfd_signal(int fd, pid_t pid, int sig)
 
 static pid_t ppid_of(pid_t pid)
 {
-    char path[64], buf[512];
+    char path[64], buf[4096];
     const char *rp;
     int ppid;
 
