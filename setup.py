@@ -27,7 +27,15 @@ def sources(platform: str) -> list[str]:
     """The core's C files for `platform` (a sys.platform value); the macOS
     cross-compile test (tests/test_cross_build.py) uses the same list."""
     if platform.startswith("linux"):
-        linux = ["proctree.c", "cgroup.c", "clone3.c", "seccomp.c", "landlock.c", "namespaces.c"]
+        linux = [
+            "proctree.c",
+            "cgroup.c",
+            "clone3.c",
+            "caps.c",
+            "seccomp.c",
+            "landlock.c",
+            "namespaces.c",
+        ]
         return [*COMMON, *(f"csrc/linux/{f}" for f in linux)]
     if platform == "darwin":
         return [*COMMON, "csrc/darwin/proctree.c", "csrc/cgroup_none.c", "csrc/seccomp_none.c"]

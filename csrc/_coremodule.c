@@ -30,6 +30,7 @@ struct spec_storage {
     int *cgroup_procs;
     gid_t *groups;
     struct sbx_rlimit *rlimits;
+    struct sbx_view *view;
 };
 
 static void storage_free(struct spec_storage *st)
@@ -42,6 +43,7 @@ static void storage_free(struct spec_storage *st)
     PyMem_Free(st->cgroup_procs);
     PyMem_Free(st->groups);
     PyMem_Free(st->rlimits);
+    PyMem_Free(st->view);
 }
 
 /* A NULL-terminated char* array from a sequence of path-likes. */
@@ -175,6 +177,53 @@ fail:
     return -1;
 }
 
+/* The read-only view's entries: (kind, path, data) tuples of an int and two
+ * bytes (b"" for no data); the pointers are borrowed from the tuples, which
+ * the caller's arguments keep alive. */
+static int to_view(PyObject *seq, struct spec_storage *st, size_t *n_out)
+{
+    PyObject *fast = PySequence_Fast(seq, "view must be a sequence");
+    Py_ssize_t i, n, rw = 0;
+
+    if (!fast)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(fast);
+    st->view = PyMem_Calloc((size_t)n + 1, sizeof *st->view);
+    if (!st->view) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        struct sbx_view *v = &st->view[i];
+        Py_ssize_t plen, dlen;
+
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i),
+                              "iy#y#;view items are (kind, path, data)", &v->kind, &v->path, &plen,
+                              &v->data, &dlen))
+            goto fail;
+        if (v->kind < SBX_VIEW_RW || v->kind > SBX_VIEW_TMPFS || plen == 0 ||
+            strlen(v->path) != (size_t)plen || strlen(v->data) != (size_t)dlen) {
+            PyErr_SetString(PyExc_ValueError, "view: bad kind, or an empty path or a NUL byte");
+            goto fail;
+        }
+        if (v->kind == SBX_VIEW_RW || v->kind == SBX_VIEW_RW_DEV)
+            rw++;
+        if (!dlen)
+            v->data = NULL;
+    }
+    if (rw > SBX_VIEW_MAX_RW) {
+        PyErr_Format(PyExc_ValueError, "view: at most %d writable trees", SBX_VIEW_MAX_RW);
+        goto fail;
+    }
+    Py_DECREF(fast);
+    *n_out = (size_t)n;
+    return 0;
+fail:
+    Py_DECREF(fast);
+    return -1;
+}
+
 /* Runs in a fork()ed child only (a preexec hook disables vfork). */
 static int preexec_hook(void *arg)
 {
@@ -191,7 +240,8 @@ static int preexec_hook(void *arg)
 PyDoc_STRVAR(spawn_doc,
              "spawn(exec_paths, argv, envp, cwd, stdin, stdout, stderr, close_fds,\n"
              "      keep_fds, close_after, restore_signals, new_session, pgid, groups,\n"
-             "      gid, uid, umask, rlimits, pdeathsig, no_new_privs, seccomp, landlock_fd,\n"
+             "      gid, uid, umask, rlimits, pdeathsig, no_new_privs, drop_caps, caps_keep,\n"
+             "      seccomp, landlock_fd,\n"
              "      ns, cgroup_dirfd,\n"
              "      cgroup_procs, preexec_fn, fail_step, fail_errno, /)\n"
              "--\n\n"
@@ -221,6 +271,8 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     PyObject *cwd_bytes = NULL, *result = NULL;
     int fd_in, fd_out, fd_err, close_fds, restore_signals, new_session, no_new_privs;
     int pgid, umask_, pdeathsig, fail_step, fail_errno, cgroup_dirfd, seccomp, landlock_fd;
+    int drop_caps;
+    unsigned long long caps_keep;
     uint64_t filter[SBX_SECCOMP_MAX]; /* struct sock_filter is 8 bytes */
     long gid, uid;
     int *closing = NULL;
@@ -235,11 +287,12 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     (void)self;
     memset(&st, 0, sizeof st);
     memset(&spec, 0, sizeof spec);
-    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOlliOipiiOiOOii:spawn", &exec_paths, &argv, &envp,
+    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOlliOipiKiiOiOOii:spawn", &exec_paths, &argv, &envp,
                           &cwd, &fd_in, &fd_out, &fd_err, &close_fds, &keep_fds, &close_after,
                           &restore_signals, &new_session, &pgid, &groups, &gid, &uid, &umask_,
-                          &rlimits, &pdeathsig, &no_new_privs, &seccomp, &landlock_fd, &ns,
-                          &cgroup_dirfd, &cgroup_procs, &preexec_fn, &fail_step, &fail_errno))
+                          &rlimits, &pdeathsig, &no_new_privs, &drop_caps, &caps_keep, &seccomp,
+                          &landlock_fd, &ns, &cgroup_dirfd, &cgroup_procs, &preexec_fn, &fail_step,
+                          &fail_errno))
         return NULL;
     /* Take charge of close_after first: from here on they are closed on
      * every path. */
@@ -346,22 +399,29 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.pdeathsig = pdeathsig;
     spec.parent_pid = getpid();
     spec.no_new_privs = no_new_privs;
+    spec.drop_caps = drop_caps;
+    spec.caps_keep = caps_keep;
     spec.landlock_fd = landlock_fd;
     spec.tmpfs_sock = -1;
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
-         * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock): bytes, b"" for none.
-         * The pointers are borrowed from `args`, alive until we return. */
+         * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root):
+         * bytes, b"" for none; view: ((kind, path, data), ...).  The
+         * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
         unsigned long long ll = 0;
+        PyObject *view;
 
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiK;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOp;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
-                              "tmpfs_landlock)",
+                              "tmpfs_landlock, view, view_ro_root)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
-                              &to, &tm, &spec.tmpfs_sock, &ll))
+                              &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root))
             goto done;
+        if (to_view(view, &st, &spec.n_view) < 0)
+            goto done;
+        spec.view = st.view;
         spec.tmpfs_landlock = ll;
         spec.tmpfs_path = *tp ? tp : NULL;
         spec.tmpfs_opts = *to ? to : NULL;
@@ -374,7 +434,8 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         }
     }
     if (seccomp) {
-        int brc = sbx_seccomp_build(filter, SBX_SECCOMP_MAX, &spec.n_seccomp, seccomp);
+        int brc = sbx_seccomp_build(filter, SBX_SECCOMP_MAX, &spec.n_seccomp, seccomp,
+                                    (int)getpid(), (int)getpgrp());
 
         if (brc < 0) {
             errno = -brc;
@@ -731,7 +792,7 @@ static PyObject *core_landlock_ruleset(PyObject *self, PyObject *args)
     }
     fast = PySequence_Fast(rules, "rules must be a sequence of (path, access)");
     if (!fast)
-        return NULL;
+        goto done;
     n = PySequence_Fast_GET_SIZE(fast);
     keep = PyList_New(0);
     paths = PyMem_Calloc((size_t)n + 1, sizeof *paths);
@@ -775,7 +836,31 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(seccomp_program_doc,
+             "seccomp_program(what, caller, caller_pgid, /) -> bytes\n"
+             "--\n\n"
+             "The filter spawn() loads for `what` (SECCOMP_* bits): struct sock_filter\n"
+             "instructions, 8 bytes each.  For tests and inspection.");
+
+static PyObject *core_seccomp_program(PyObject *self, PyObject *args)
+{
+    uint64_t filter[SBX_SECCOMP_MAX];
+    size_t n = 0;
+    int what, caller, pgid, rc;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iii:seccomp_program", &what, &caller, &pgid))
+        return NULL;
+    rc = sbx_seccomp_build(filter, SBX_SECCOMP_MAX, &n, what, caller, pgid);
+    if (rc < 0) {
+        errno = -rc;
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "seccomp filter");
+    }
+    return PyBytes_FromStringAndSize((const char *)filter, (Py_ssize_t)(n * sizeof filter[0]));
+}
+
 static PyMethodDef core_methods[] = {
+    {"seccomp_program", core_seccomp_program, METH_VARARGS, seccomp_program_doc},
     {"landlock_ruleset", core_landlock_ruleset, METH_VARARGS, landlock_ruleset_doc},
     {"seatbelt_profile", core_seatbelt_profile, METH_VARARGS, seatbelt_profile_doc},
     {"seatbelt_canonical", core_seatbelt_canonical, METH_O, seatbelt_canonical_doc},
@@ -815,9 +900,21 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "PROBE_CLONE3_CGROUP", SBX_PROBE_CLONE3_CGROUP) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_HANG", SBX_PROBE_HANG) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_NAMESPACES", SBX_PROBE_NAMESPACES) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_RO_VIEW", SBX_PROBE_RO_VIEW) < 0 ||
         PyModule_AddIntConstant(m, "SECCOMP_HARDEN", SBX_SECCOMP_HARDEN) < 0 ||
         PyModule_AddIntConstant(m, "SECCOMP_NET_DENY", SBX_SECCOMP_NET_DENY) < 0 ||
         PyModule_AddIntConstant(m, "SECCOMP_NET_PROXY", SBX_SECCOMP_NET_PROXY) < 0 ||
+        PyModule_AddIntConstant(m, "SECCOMP_FAMILIES", SBX_SECCOMP_FAMILIES) < 0 ||
+        PyModule_AddIntConstant(m, "SECCOMP_VERSION", SBX_SECCOMP_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "CAPS_DROP", SBX_CAPS_DROP) < 0 ||
+        PyModule_AddIntConstant(m, "CAPS_BOUNDING", SBX_CAPS_BOUNDING) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_RW", SBX_VIEW_RW) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_RW_DEV", SBX_VIEW_RW_DEV) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_RO", SBX_VIEW_RO) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_HIDE_DIR", SBX_VIEW_HIDE_DIR) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_HIDE", SBX_VIEW_HIDE) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_TMPFS", SBX_VIEW_TMPFS) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_MAX_RW", SBX_VIEW_MAX_RW) < 0 ||
         PyModule_AddIntConstant(m, "HOW_VM", SBX_HOW_VM) < 0 ||
         PyModule_AddIntConstant(m, "HOW_CLONE3", SBX_HOW_CLONE3) < 0 ||
         PyModule_AddIntConstant(m, "HOW_INTO_CGROUP", SBX_HOW_INTO_CGROUP) < 0)
@@ -835,7 +932,7 @@ static int core_exec(PyObject *m)
 
         if (PyModule_AddIntConstant(
                 m, "HAS_SECCOMP",
-                sbx_seccomp_build(probe, SBX_SECCOMP_MAX, &n, SBX_SECCOMP_HARDEN) == 0) < 0)
+                sbx_seccomp_build(probe, SBX_SECCOMP_MAX, &n, SBX_SECCOMP_HARDEN, 0, 0) == 0) < 0)
             return -1;
     }
 #if defined(__linux__) || defined(__APPLE__)

@@ -154,6 +154,8 @@ int sbx_probe(int what, long arg, int timeout_ms)
         return run_in_child(try_hang, 0, timeout_ms);
     case SBX_PROBE_NAMESPACES:
         return run_in_child(sbx_ns_probe_child, arg, timeout_ms);
+    case SBX_PROBE_RO_VIEW:
+        return run_in_child(sbx_ns_probe_view_child, arg, timeout_ms);
     case SBX_PROBE_CLONE3_CGROUP: {
         /* The child is born in the cgroup whose directory fd is arg, and
          * exits at once: like fork(), no shared memory, so the raw

@@ -31,6 +31,7 @@ enum sbx_step {
     SBX_STEP_NS_IDMAP,      /* "ns:idmap" (user namespace uid/gid maps) */
     SBX_STEP_NS_LOOPBACK,   /* "ns:loopback" (lo up in a new netns) */
     SBX_STEP_NS_MOUNT,      /* "ns:mount", detail: 0 slave, 1 tmpfs, 2 mkdir, 3 its fd */
+    SBX_STEP_NS_VIEW,       /* "ns:view", detail = index in view[] (-1: "/" read-only) */
     SBX_STEP_NS_PID,        /* "ns:pid", detail: 0 PID 1's fork, 1 the target's */
     SBX_STEP_RLIMIT_CORE,   /* "rlimit:RLIMIT_CORE", detail = soft value */
     SBX_STEP_RLIMIT_CPU,
@@ -44,6 +45,7 @@ enum sbx_step {
     SBX_STEP_SETGROUPS,    /* "setgroups" */
     SBX_STEP_SETGID,       /* "setgid", detail = gid */
     SBX_STEP_SETUID,       /* "setuid", detail = uid */
+    SBX_STEP_CAPS,         /* "caps:drop" */
     SBX_STEP_NO_NEW_PRIVS, /* "harden:no_new_privs" */
     SBX_STEP_LANDLOCK,     /* "landlock:restrict" */
     SBX_STEP_SECCOMP,      /* "harden:seccomp" */
@@ -81,6 +83,23 @@ struct sbx_rlimit {
  * returns 0 to go on, anything else to fail the step. */
 typedef int (*sbx_child_hook)(void *arg);
 
+/* One entry of the read-only view (linux/namespaces.c).  A path that does
+ * not exist is skipped. */
+enum sbx_view_kind {
+    SBX_VIEW_RW = 1,   /* a writable root: the host's tree as it is, nosuid, nodev */
+    SBX_VIEW_RW_DEV,   /* the same without nodev (the tree holds /dev) */
+    SBX_VIEW_RO,       /* a protected path: its tree bound read-only over it */
+    SBX_VIEW_HIDE_DIR, /* deny_read: an empty read-only tmpfs over it */
+    SBX_VIEW_HIDE,     /* deny_read, not a directory: /dev/null bound read-only over it */
+    SBX_VIEW_TMPFS     /* a private tmpfs, nosuid, nodev; data: its mount options */
+};
+#define SBX_VIEW_MAX_RW 64
+struct sbx_view {
+    int kind;
+    const char *path;
+    const char *data;
+};
+
 struct sbx_spec {
     /* execve candidates tried in order, as os.execvpe does; PATH lookup is
      * done by the parent, so this is normally a single resolved path. */
@@ -109,8 +128,15 @@ struct sbx_spec {
     const struct sbx_rlimit *rlimits;
     size_t n_rlimits;
 
-    int pdeathsig;    /* 0: none */
+    int pdeathsig;    /* 0: none; set again after a uid/gid change, which clears it */
     pid_t parent_pid; /* checked after PR_SET_PDEATHSIG */
+    /* Capabilities (linux/caps.c), dropped after the credential change:
+     * SBX_CAPS_* bits (0: keep them all, as a plain Popen does); caps_keep
+     * is the set (bit n: capability n) the program keeps. */
+    int drop_caps;
+#define SBX_CAPS_DROP     1 /* effective, permitted, inheritable, ambient */
+#define SBX_CAPS_BOUNDING 2 /* also securebits and the bounding set (CAP_SETPCAP) */
+    uint64_t caps_keep;
     int no_new_privs;
     /* A Landlock ruleset (from sbx_landlock_ruleset) the child restricts
      * itself with after no_new_privs; -1: none. */
@@ -146,6 +172,13 @@ struct sbx_spec {
     const char *tmpfs_path, *tmpfs_opts, *tmpfs_mkdir;
     int tmpfs_sock;
     uint64_t tmpfs_landlock; /* rights beneath the tmpfs in landlock_fd's ruleset */
+    /* The read-only view of the host (CLONE_NEWNS): with view_ro_root every
+     * mount becomes read-only and nosuid, except the trees of the SBX_VIEW_RW
+     * entries (cloned before, put back after); then the other entries are
+     * applied in order.  At most SBX_VIEW_MAX_RW writable entries. */
+    const struct sbx_view *view;
+    size_t n_view;
+    int view_ro_root;
 
     sbx_child_hook hook; /* non-NULL forces fork() instead of vfork() */
 
@@ -234,18 +267,25 @@ int sbx_landlock_ruleset(uint64_t handled, const char *const *paths, const uint6
 /* ---- seccomp (linux/seccomp.c) --------------------------------------------- */
 
 /* Instructions a filter needs at most. */
-#define SBX_SECCOMP_MAX 128
+#define SBX_SECCOMP_MAX 256
 
-/* What a filter refuses (EPERM), a bit set for sbx_seccomp_build. */
-#define SBX_SECCOMP_HARDEN    1 /* ptrace, bpf, mount, keys, io_uring ... */
-#define SBX_SECCOMP_NET_DENY  2 /* socket(AF_INET, AF_INET6, AF_PACKET), io_uring */
-#define SBX_SECCOMP_NET_PROXY 4 /* AF_PACKET; AF_INET* other than TCP stream; io_uring */
+/* What a filter refuses, a bit set for sbx_seccomp_build (the table in
+ * linux/seccomp.c).  Every bit also limits socket families to AF_UNIX,
+ * AF_INET, AF_INET6 and NETLINK_ROUTE. */
+#define SBX_SECCOMP_HARDEN    1 /* namespaces, devices, TIOCSTI, ptrace, bpf, mount ... */
+#define SBX_SECCOMP_NET_DENY  2 /* no AF_INET, AF_INET6 socket; io_uring */
+#define SBX_SECCOMP_NET_PROXY 4 /* AF_INET* TCP stream only; io_uring */
+#define SBX_SECCOMP_FAMILIES  8 /* the family allow-list alone (a network namespace) */
+/* The filter's version, in `enforced` ("seccomp:allow-list v2"). */
+#define SBX_SECCOMP_VERSION 2
 
 /* Build a filter (struct sock_filter[], 8 bytes each) into out (cap
  * instructions) refusing what `what` (SBX_SECCOMP_*) names, and every call
- * of another ABI.  Returns 0 with *n set, -ENOSPC, -EINVAL (nothing asked),
- * or -ENOSYS where this architecture has no filter. */
-int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what);
+ * of another ABI.  caller, caller_pgid: the sandbox's caller, which the
+ * program may not signal (SBX_SECCOMP_HARDEN).  Returns 0 with *n set,
+ * -ENOSPC, -EINVAL (nothing asked), or -ENOSYS where this architecture has
+ * no filter. */
+int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, int caller_pgid);
 
 /* ---- doctor's probes (probe.c) ------------------------------------------ */
 
@@ -257,7 +297,8 @@ enum sbx_probe_kind {
     SBX_PROBE_UNSHARE,       /* unshare(arg = CLONE_* flags), in a child */
     SBX_PROBE_CLONE3_CGROUP, /* clone3(CLONE_INTO_CGROUP) into dirfd arg */
     SBX_PROBE_HANG,          /* for tests: a child that never answers */
-    SBX_PROBE_NAMESPACES     /* unshare(arg) and set each namespace up, in a child */
+    SBX_PROBE_NAMESPACES,    /* unshare(arg) and set each namespace up, in a child */
+    SBX_PROBE_RO_VIEW        /* the same with CLONE_NEWNS, then the read-only view */
 };
 
 /* Try one mechanism; returns 0 when it works, else the errno it failed

@@ -28,6 +28,9 @@ int sbx_landlock_restrict_child(const struct sbx_spec *s);
  * the ruleset (the workspace's tmpfs, mounted after it was built). */
 int sbx_landlock_allow_child(int ruleset, int fd, uint64_t access);
 
+/* linux/caps.c, child side: drop every capability but spec->caps_keep. */
+int sbx_caps_drop_child(const struct sbx_spec *s);
+
 /* linux/seccomp.c, child side: load spec->seccomp (no_new_privs set). */
 int sbx_seccomp_load_child(const struct sbx_spec *s);
 
@@ -37,6 +40,9 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx);
 /* linux/namespaces.c, in a probe's child: the same sequence for flags;
  * 0, or -1 with errno. */
 int sbx_ns_probe_child(long flags);
+/* linux/namespaces.c, in a probe's child: sbx_ns_probe_child(flags), then
+ * the read-only view's calls; 0, or -1 with errno. */
+int sbx_ns_probe_view_child(long flags);
 
 /* linux/cgroup.c, child side: join the cgroups of the spec. */
 void sbx_cgroup_join_child(const struct sbx_child_ctx *ctx);

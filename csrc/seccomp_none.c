@@ -3,12 +3,14 @@
 
 #include "sbx_internal.h"
 
-int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what)
+int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, int caller_pgid)
 {
     (void)out;
     (void)cap;
     (void)n;
     (void)what;
+    (void)caller;
+    (void)caller_pgid;
     return -ENOSYS;
 }
 
@@ -44,6 +46,13 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
 }
 
 int sbx_ns_probe_child(long flags)
+{
+    (void)flags;
+    errno = ENOSYS;
+    return -1;
+}
+
+int sbx_ns_probe_view_child(long flags)
 {
     (void)flags;
     errno = ENOSYS;

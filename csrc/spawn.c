@@ -19,6 +19,7 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -29,9 +30,8 @@
 #include <unistd.h>
 
 #ifdef __linux__
-#include <sys/syscall.h>
-#include <pthread.h>
 #include <sched.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #endif
 
@@ -60,6 +60,7 @@ static const char *const step_names[SBX_STEP__COUNT] = {
     [SBX_STEP_NS_IDMAP] = "ns:idmap",
     [SBX_STEP_NS_LOOPBACK] = "ns:loopback",
     [SBX_STEP_NS_MOUNT] = "ns:mount",
+    [SBX_STEP_NS_VIEW] = "ns:view",
     [SBX_STEP_NS_PID] = "ns:pid",
     [SBX_STEP_RLIMIT_CORE] = "rlimit:RLIMIT_CORE",
     [SBX_STEP_RLIMIT_CPU] = "rlimit:RLIMIT_CPU",
@@ -73,6 +74,7 @@ static const char *const step_names[SBX_STEP__COUNT] = {
     [SBX_STEP_SETGROUPS] = "setgroups",
     [SBX_STEP_SETGID] = "setgid",
     [SBX_STEP_SETUID] = "setuid",
+    [SBX_STEP_CAPS] = "caps:drop",
     [SBX_STEP_NO_NEW_PRIVS] = "harden:no_new_privs",
     [SBX_STEP_LANDLOCK] = "landlock:restrict",
     [SBX_STEP_SECCOMP] = "harden:seccomp",
@@ -180,17 +182,19 @@ static void stdio_child(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_STDIO, 2, dup_onto_child(err, 2));
 }
 
-static int set_pdeathsig_child(const struct sbx_child_ctx *ctx)
+/* expect: the parent's pid as we see it. */
+static int set_pdeathsig_child(const struct sbx_child_ctx *ctx, pid_t expect)
 {
 #ifdef __linux__
     if (prctl(PR_SET_PDEATHSIG, ctx->spec->pdeathsig, 0, 0, 0) < 0)
         return -1;
     /* The parent may have died before the prctl: nobody would signal us. */
-    if (getppid() != ctx->spec->parent_pid)
+    if (getppid() != expect)
         _exit(127);
     return 0;
 #else
     (void)ctx;
+    (void)expect;
     errno = ENOSYS;
     return -1;
 #endif
@@ -272,7 +276,8 @@ static void child_setup(const struct sbx_child_ctx *ctx)
     if (s->pgid >= 0)
         SBX_CHILD_STEP(ctx, SBX_STEP_SETPGID, s->pgid, setpgid(0, s->pgid));
     if (s->pdeathsig > 0)
-        SBX_CHILD_STEP(ctx, SBX_STEP_PDEATHSIG, s->pdeathsig, set_pdeathsig_child(ctx));
+        SBX_CHILD_STEP(ctx, SBX_STEP_PDEATHSIG, s->pdeathsig,
+                       set_pdeathsig_child(ctx, s->parent_pid));
     /* Before the rlimits (RLIMIT_NPROC would count the PID namespace's
      * reaper) and before chdir (the workspace may become a tmpfs). */
     if (s->ns_flags)
@@ -288,6 +293,17 @@ static void child_setup(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_SETGID, s->gid, setgid_child(s->gid));
     if (s->uid >= 0)
         SBX_CHILD_STEP(ctx, SBX_STEP_SETUID, s->uid, setuid_child(s->uid));
+#ifdef __linux__
+    if (s->drop_caps)
+        SBX_CHILD_STEP(ctx, SBX_STEP_CAPS, 0, sbx_caps_drop_child(s));
+#endif
+    /* A change of uid or gid clears the parent-death signal: set it again.
+     * In a new PID namespace our parent is now its PID 1, which dies with
+     * the outer child and takes the namespace with it. */
+    if (s->pdeathsig > 0 && (s->uid >= 0 || s->gid >= 0))
+        SBX_CHILD_STEP(
+            ctx, SBX_STEP_PDEATHSIG, s->pdeathsig,
+            set_pdeathsig_child(ctx, (s->ns_flags & SBX_CLONE_NEWPID) ? 1 : s->parent_pid));
     if (s->no_new_privs)
         SBX_CHILD_STEP(ctx, SBX_STEP_NO_NEW_PRIVS, 0, no_new_privs_child());
     if (s->landlock_fd >= 0)
@@ -438,6 +454,28 @@ static int errpipe_open(int fds[2])
     return 0;
 }
 
+/* Error pipes and fork(): a fork()ed child that does not execve soon (a
+ * fork_only sandbox runs the caller's Python; a PID namespace's outer child
+ * lives as long as the target) would keep the write end of another
+ * thread's error pipe open, and that spawn would wait for the child to
+ * exit.  Spawns hold this lock shared from the pipe's creation until its
+ * write end is closed here; fork() holds it exclusively. */
+static pthread_rwlock_t pipe_lock;
+static pthread_once_t pipe_lock_once = PTHREAD_ONCE_INIT;
+
+static void pipe_lock_init(void)
+{
+    pthread_rwlockattr_t attr;
+
+    pthread_rwlockattr_init(&attr);
+#ifdef __GLIBC__
+    /* A steady stream of spawns must not starve a fork. */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+    pthread_rwlock_init(&pipe_lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
+}
+
 int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
 {
     struct sbx_child_ctx ctx;
@@ -445,15 +483,27 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
     pid_t pid;
     int saved_errno = 0;
 
-    if (errpipe_open(pipefd) < 0)
-        return -1;
     memset(&ctx, 0, sizeof ctx);
     ctx.spec = spec;
-    ctx.errfd = pipefd[1];
     /* A PID namespace's outer child lives on as the target's mirror: it
-     * cannot share our memory. */
+     * cannot share our memory.  Nor can a child that changes uid or gid:
+     * the kernel would mark the shared memory, ours, not dumpable (CPython
+     * forks in that case too). */
     ctx.vforked = SBX_USE_VFORK && spec->hook == NULL && !spec->fork_only &&
-                  !(spec->ns_flags & SBX_CLONE_NEWPID);
+                  !(spec->ns_flags & SBX_CLONE_NEWPID) && spec->uid < 0 && spec->gid < 0 &&
+                  !spec->set_groups;
+    pthread_once(&pipe_lock_once, pipe_lock_init);
+    if (ctx.vforked)
+        pthread_rwlock_rdlock(&pipe_lock);
+    else
+        pthread_rwlock_wrlock(&pipe_lock);
+    if (errpipe_open(pipefd) < 0) {
+        saved_errno = errno;
+        pthread_rwlock_unlock(&pipe_lock);
+        errno = saved_errno;
+        return -1;
+    }
+    ctx.errfd = pipefd[1];
 
 #if SBX_USE_VFORK
     if (ctx.vforked) {
@@ -466,6 +516,7 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
             saved_errno = errno;
             close(pipefd[0]);
             close(pipefd[1]);
+            pthread_rwlock_unlock(&pipe_lock);
             errno = saved_errno;
             return -1;
         }
@@ -476,6 +527,7 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
                 munmap(stack, SBX_CHILD_STACK);
             close(pipefd[0]);
             close(pipefd[1]);
+            pthread_rwlock_unlock(&pipe_lock);
             errno = rc;
             return -1;
         }
@@ -490,7 +542,9 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
         pid = fork();
         saved_errno = errno;
         if (pid == 0 && spec->fork_only) {
-            /* Set up, then back to the caller; EOF on the pipe says so. */
+            /* Set up, then back to the caller; EOF on the pipe says so.
+             * The lock was copied held by a thread that is not here. */
+            pipe_lock_init();
             child_setup(&ctx);
             close(pipefd[0]);
             close(pipefd[1]);
@@ -504,6 +558,7 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
     }
 
     close(pipefd[1]);
+    pthread_rwlock_unlock(&pipe_lock);
     if (pid < 0) {
         close(pipefd[0]);
         errno = saved_errno;

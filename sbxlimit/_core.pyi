@@ -17,9 +17,21 @@ PROBE_UNSHARE: int
 PROBE_CLONE3_CGROUP: int
 PROBE_HANG: int
 PROBE_NAMESPACES: int
+PROBE_RO_VIEW: int
 SECCOMP_HARDEN: int
 SECCOMP_NET_DENY: int
 SECCOMP_NET_PROXY: int
+SECCOMP_FAMILIES: int
+SECCOMP_VERSION: int
+CAPS_DROP: int
+CAPS_BOUNDING: int
+VIEW_RW: int
+VIEW_RW_DEV: int
+VIEW_RO: int
+VIEW_HIDE_DIR: int
+VIEW_HIDE: int
+VIEW_TMPFS: int
+VIEW_MAX_RW: int
 HOW_VM: int
 HOW_CLONE3: int
 HOW_INTO_CGROUP: int
@@ -45,9 +57,24 @@ def spawn(
     rlimits: Sequence[tuple[int, int, int]],
     pdeathsig: int,
     no_new_privs: bool,
+    drop_caps: int,
+    caps_keep: int,
     seccomp: int,
     landlock_fd: int,
-    ns: tuple[int, bytes, bytes, bool, bytes, bytes, bytes, int, int] | None,
+    ns: tuple[
+        int,
+        bytes,
+        bytes,
+        bool,
+        bytes,
+        bytes,
+        bytes,
+        int,
+        int,
+        Sequence[tuple[int, bytes, bytes]],
+        bool,
+    ]
+    | None,
     cgroup_dirfd: int,
     cgroup_procs: Sequence[int],
     preexec_fn: Callable[[], Any] | None,
@@ -55,6 +82,7 @@ def spawn(
     fail_errno: int,
     /,
 ) -> tuple[int, tuple[str, int, int, int] | None, int]: ...
+def seccomp_program(what: int, caller: int, caller_pgid: int, /) -> bytes: ...
 def tree_sample(pid: int, /) -> tuple[int, int, int, float, float, bool]: ...
 def tree_signal(pid: int, sig: int, pgid: int, /) -> int: ...
 def probe(kind: int, arg: int = 0, timeout_ms: int = 1000, /) -> int: ...

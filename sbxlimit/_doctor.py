@@ -170,6 +170,8 @@ def doctor() -> Report:
             lambda: _check_ns("mount_namespace", CLONE_NEWNS),
             lambda: _check_ns("network_namespace", CLONE_NEWNET),
             lambda: _check_ns("pid_namespace", CLONE_NEWPID),
+            _check_ro_view,
+            _check_capabilities,
             _check_container,
         ]
     elif sys.platform == "darwin":
@@ -506,7 +508,9 @@ def _check_seccomp() -> Check:
     return Check(
         "seccomp",
         OK,
-        f"a filter loads in a child (this process: {mode}); holds harden and the socket rules",
+        f"a filter loads in a child (this process: {mode}); holds harden (allow-list "
+        f"v{_core.SECCOMP_VERSION}: socket families, no namespaces, devices, TIOCSTI) and the "
+        "socket rules",
     )
 
 
@@ -515,7 +519,7 @@ _LANDLOCK_FEATURES = [
     (3, "truncate"),
     (4, "TCP bind/connect rules"),
     (5, "ioctl on devices"),
-    (6, "signal and abstract-socket scoping"),
+    (6, "signal and abstract-socket scoping (other processes of the same user reachable)"),
 ]
 
 
@@ -588,6 +592,52 @@ def _check_ns(name: str, flag: int) -> Check:
     return Check(
         name, OK, f"set up for real{via}; holds {_NS_USES[flag]}", details={"userns": ns.user}
     )
+
+
+def _check_ro_view() -> Check:
+    # The spawn path's probe: the mount namespace, then the view's calls.
+    ns = namespaces(CLONE_NEWNS, view=True)
+    if not ns.ok:
+        return Check(
+            "read_only_view",
+            UNAVAILABLE,
+            f"{ns.reason}; files rest on Landlock alone (no metadata rules)",
+            "Linux 5.12+, and root or unprivileged user namespaces (see user_namespace)",
+        )
+    via = " inside an unprivileged user namespace" if ns.user else ""
+    return Check(
+        "read_only_view",
+        OK,
+        f"the host mounted read-only for a sandbox{via}, writable roots bound back; holds "
+        "files with Landlock on top",
+        details={"userns": ns.user},
+    )
+
+
+def _check_capabilities() -> Check:
+    held = _status_field("CapPrm")
+    bounding = int(_status_field("CapEff") or "0", 16) >> _CAP_SETPCAP & 1
+    if not int(held or "0", 16):
+        return Check(
+            "capabilities", OK, "this process holds none; a sandbox cannot gain any (no_new_privs)"
+        )
+    if bounding:
+        return Check(
+            "capabilities",
+            OK,
+            "a sandbox drops every capability: bounding set, ambient, securebits (uid 0 gets "
+            "none back at execve); Policy(capabilities=[...]) keeps the ones named",
+        )
+    return Check(
+        "capabilities",
+        DEGRADED,
+        "no CAP_SETPCAP: a sandbox drops its capabilities but not the bounding set; "
+        "no_new_privs keeps execve from granting any (harden=False would let root regain them)",
+        "keep CAP_SETPCAP in the container's capability set",
+    )
+
+
+_CAP_SETPCAP = 8
 
 
 def _status_field(key: str) -> str:

@@ -22,8 +22,9 @@ import warnings
 
 from . import _core
 from ._cgroup import Site
+from ._errors import ConfigError
 from ._limits import Limits
-from ._policy import Policy
+from ._policy import CAPABILITIES, Policy
 
 __all__ = ["UNENFORCED", "Plan", "can_raise_hard_limits", "plan", "warn_downgrades"]
 
@@ -67,9 +68,15 @@ class Plan:
     ns_flags: int = 0
     user_ns: bool = False
     disk_tmpfs: bool = False  # disk held by a size-capped tmpfs on the workspace
-    seccomp_net: int = 0  # SECCOMP_NET_DENY / SECCOMP_NET_PROXY bits
-    # Landlock TCP rules (ABI 4+): (handled, allowed on ports, ports, scoped)
+    seccomp_net: int = 0  # SECCOMP_NET_DENY / SECCOMP_NET_PROXY / SECCOMP_FAMILIES bits
+    # Landlock TCP rules (ABI 4+) and scopes (ABI 6+): (handled, allowed on
+    # ports, ports, scoped)
     landlock_net: tuple[int, int, tuple[int, ...], int] = (0, 0, (), 0)
+    # Capabilities (csrc/linux/caps.c): _core.CAPS_* bits, and the kept set.
+    drop_caps: int = 0
+    caps_keep: int = 0
+    new_session: bool = False  # setsid: no controlling terminal
+    ro_view: bool = False  # the host read-only in a mount namespace of its own
 
     @property
     def needs_monitor(self) -> bool:
@@ -254,7 +261,7 @@ def _plan(
                 p.workspace = True
 
     if policy is not None:
-        _plan_policy(p, policy)
+        _plan_policy(p, policy, uid)
     p.cgroup_settings = tuple(settings)
     return p
 
@@ -300,7 +307,7 @@ def _plan_pids(p: Plan, pids: int, *, uid: int, tree: bool, privileged: bool) ->
         p.watch_pids = pids
 
 
-def _plan_policy(p: Plan, policy: Policy) -> None:
+def _plan_policy(p: Plan, policy: Policy, uid: int) -> None:
     if policy.workdir is None:
         p.workspace = True
         p.keep_workspace = policy.keep_workdir
@@ -314,18 +321,7 @@ def _plan_policy(p: Plan, policy: Policy) -> None:
             # landlock_restrict_self needs no_new_privs (or CAP_SYS_ADMIN),
             # whatever `harden` says.
             p.no_new_privs = True
-            p.enforced["files"] = (
-                f"landlock:abi{abi} (reads everywhere but deny_read; writes: workspace, "
-                "writable_roots, terminal and null devices)"
-            )
-            if policy.protect_dotfiles:
-                p.enforced["protect_dotfiles"] = f"landlock:abi{abi}"
-        else:
-            why = "Landlock is not available here (Linux 5.13+, see doctor)"
-            if policy.writable_roots or policy.deny_read or policy.deny_write:
-                _downgrade(p, "files", why)
-            if policy.protect_dotfiles:
-                _downgrade(p, "protect_dotfiles", why)
+        _plan_files(p, policy, abi)
         if policy.network != "allow":
             _plan_network(p, policy, abi)
         if policy.isolate_pids:
@@ -357,8 +353,10 @@ def _plan_policy(p: Plan, policy: Policy) -> None:
         if LINUX and _core.HAS_SECCOMP and seccomp_works():
             p.seccomp = True
             p.enforced["seccomp"] = (
-                "seccomp:EPERM for ptrace, process_vm_*, kexec, bpf, perf_event_open, keys, "
-                "userfaultfd, io_uring, mount, modules, open_by_handle_at"
+                f"seccomp:allow-list v{_core.SECCOMP_VERSION} (socket families: unix, inet, "
+                "netlink route; no new namespaces, setns, device nodes, TIOCSTI, signals or "
+                "prlimit to the caller; EPERM for ptrace, process_vm_*, bpf, perf_event_open, "
+                "keys, userfaultfd, io_uring, mount, modules, open_by_handle_at, reboot, clocks)"
             )
             # PR_SET_DUMPABLE does not survive execve; what it would protect
             # against (another process reading this one) is refused instead.
@@ -373,6 +371,126 @@ def _plan_policy(p: Plan, policy: Policy) -> None:
             _downgrade(p, "not_dumpable", f"execve resets PR_SET_DUMPABLE, and {why}")
         else:
             _downgrade(p, "not_dumpable", _NOT_DUMPABLE)
+    if LINUX:
+        _plan_caps(p, policy, uid)
+        _plan_processes(p, policy)
+    _plan_terminal(p, policy)
+
+
+def _plan_files(p: Plan, policy: Policy, abi: int) -> None:
+    """Linux: the read-only view where a mount namespace can be made,
+    Landlock on top (or alone)."""
+    view = namespaces(CLONE_NEWNS, view=True) if LINUX else None
+    held = []
+    if view is not None and view.ok:
+        if len(policy.writable_roots) >= _core.VIEW_MAX_RW:
+            raise ConfigError(
+                "Policy.writable_roots",
+                f"{len(policy.writable_roots)} paths",
+                f"at most {_core.VIEW_MAX_RW - 1} on Linux (name a common parent instead)",
+            )
+        p.ro_view = True
+        p.ns_flags |= CLONE_NEWNS
+        p.user_ns = p.user_ns or view.user
+        held.append(view.label("mountns") + ":ro-view")
+    if abi >= 1:
+        held.append(f"landlock:abi{abi}")
+    what = (
+        "reads everywhere but deny_read; writes: workspace, writable_roots, terminal and "
+        "null devices, a private /dev/shm"
+    )
+    if not held:
+        why = "no mount namespace and no Landlock here (Linux 5.13+, see doctor)"
+        if view is not None:
+            why = f"Landlock is not available (Linux 5.13+) and no mount namespace: {view.reason}"
+        _downgrade(p, "files", why)
+        if policy.protect_dotfiles:
+            _downgrade(p, "protect_dotfiles", why)
+        return
+    if not p.ro_view:
+        # Landlock alone: it has no right for metadata, nor for connecting
+        # to a unix socket (deny_read hides its contents, not the socket).
+        gap = (
+            "chmod, chown, utime and xattrs outside the writable roots, and connects to unix "
+            f"sockets under deny_read, are not refused: no mount namespace ({view and view.reason})"
+        )
+        p.fallbacks["files"] = gap
+        what += f"; {gap}"
+    p.enforced["files"] = f"{'+'.join(held)} ({what})"
+    if policy.protect_dotfiles:
+        p.enforced["protect_dotfiles"] = "+".join(held)
+
+
+def _plan_caps(p: Plan, policy: Policy, uid: int) -> None:
+    """Every capability but those the caller grants leaves the program."""
+    keep = 0
+    for name in policy.capabilities:
+        keep |= 1 << CAPABILITIES.index(name)
+    bounding = _capability(_CAP_SETPCAP) or p.user_ns
+    p.drop_caps = _core.CAPS_DROP | (_core.CAPS_BOUNDING if bounding else 0)
+    p.caps_keep = keep
+    kept = f" but {', '.join(policy.capabilities)}" if keep else ""
+    if bounding:
+        p.enforced["capabilities"] = (
+            f"prctl:dropped{kept} (bounding set, ambient, securebits: root gets none back at "
+            "execve)"
+        )
+    elif p.no_new_privs or uid != 0:
+        p.enforced["capabilities"] = (
+            f"prctl:dropped{kept} (no CAP_SETPCAP to empty the bounding set; no_new_privs keeps "
+            "execve from granting any)"
+        )
+    else:
+        _downgrade(
+            p,
+            "capabilities",
+            "root regains the bounding set at execve: no CAP_SETPCAP to empty it, and "
+            "harden=False leaves no_new_privs off",
+        )
+
+
+def _plan_processes(p: Plan, policy: Policy) -> None:
+    """Signals and abstract unix sockets: Landlock's scopes (ABI 6) hold
+    them to the sandbox's own processes; a PID or network namespace hides
+    the rest, the filter at least keeps the caller out of reach."""
+    scoped = p.landlock >= 6
+    if scoped:
+        h, a, ports, _ = p.landlock_net
+        p.landlock_net = (h, a, ports, _LL_SCOPE_ABSTRACT_UNIX | _LL_SCOPE_SIGNAL)
+    own = "its own processes only"
+    if scoped:
+        p.enforced["signals"] = f"landlock:abi{p.landlock} scope ({own})"
+    elif p.ns_flags & CLONE_NEWPID:
+        p.enforced["signals"] = "pidns (it sees only its own processes)"
+    elif p.seccomp:
+        gap = (
+            "the caller and kill(-1) are refused, other processes of the same user are not "
+            f"(Landlock ABI 6 scopes signals; ABI {max(p.landlock, 0)} here)"
+        )
+        p.enforced["signals"] = f"seccomp:caller ({gap})"
+        p.fallbacks["signals"] = gap
+    else:
+        _downgrade(p, "signals", "neither Landlock ABI 6 nor a seccomp filter here")
+    if scoped:
+        p.enforced["abstract_sockets"] = f"landlock:abi{p.landlock} scope ({own})"
+    elif p.ns_flags & CLONE_NEWNET:
+        p.enforced["abstract_sockets"] = "netns (a namespace of its own)"
+    else:
+        _downgrade(
+            p,
+            "abstract_sockets",
+            f"host abstract unix sockets are reachable: Landlock ABI 6 scopes them "
+            f"(ABI {max(p.landlock, 0)} here)",
+        )
+
+
+def _plan_terminal(p: Plan, policy: Policy) -> None:
+    filt = " (TIOCSTI and TIOCLINUX refused by seccomp)" if p.seccomp else ""
+    if policy.terminal:
+        p.enforced["terminal"] = f"shared: Policy(terminal=True){filt}"
+        return
+    p.new_session = True
+    p.enforced["terminal"] = f"session:setsid (no controlling terminal){filt}"
 
 
 def _plan_network(p: Plan, policy: Policy, abi: int) -> None:
@@ -387,9 +505,15 @@ def _plan_network(p: Plan, policy: Policy, abi: int) -> None:
         if ns.ok:
             p.ns_flags |= CLONE_NEWNET
             p.user_ns = p.user_ns or ns.user
-            p.enforced["network"] = (
-                f"{ns.label('netns')} (a network namespace of its own: loopback only)"
-            )
+            mech = ns.label("netns")
+            if filt:
+                # A namespace does not cut vsock off (it reaches the
+                # hypervisor), nor packet or netlink sockets of the host's
+                # other families: only unix, inet and netlink routes.
+                p.seccomp_net = _core.SECCOMP_FAMILIES
+                p.no_new_privs = True
+                mech += "+seccomp:socket families"
+            p.enforced["network"] = f"{mech} (a network namespace of its own: loopback only)"
             return
         if not filt and not tcp:
             _downgrade(
@@ -404,7 +528,7 @@ def _plan_network(p: Plan, policy: Policy, abi: int) -> None:
             # Handled with no port allowed: every TCP bind and connect,
             # inherited sockets included.  Abstract unix sockets reach the
             # host's services too: scoped from ABI 6.
-            p.landlock_net = (_LL_TCP, 0, (), _LL_SCOPE_ABSTRACT_UNIX if abi >= 6 else 0)
+            p.landlock_net = (_LL_TCP, 0, (), 0)
             held.append(f"landlock:abi{abi} tcp")
         if filt:
             p.seccomp_net = _core.SECCOMP_NET_DENY
@@ -438,8 +562,8 @@ def _plan_network(p: Plan, policy: Policy, abi: int) -> None:
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
 _LL_BIND_TCP, _LL_CONNECT_TCP = 1, 2
 _LL_TCP = _LL_BIND_TCP | _LL_CONNECT_TCP
-_LL_SCOPE_ABSTRACT_UNIX = 1
-_CAP_SYS_ADMIN = 21
+_LL_SCOPE_ABSTRACT_UNIX, _LL_SCOPE_SIGNAL = 1, 2
+_CAP_SETPCAP, _CAP_SYS_ADMIN = 8, 21
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -455,23 +579,40 @@ class Namespaces:
 
 
 @functools.cache
-def namespaces(flags: int) -> Namespaces:
+def namespaces(flags: int, view: bool = False) -> Namespaces:
     """Try `flags` (CLONE_NEW*) for real, in a child: directly where we hold
     CAP_SYS_ADMIN, else inside an unprivileged user namespace (uid/gid
-    mapped to our own).  ``SBXLIMIT_NAMESPACES=0`` turns them off (a
+    mapped to our own); with `view`, also the read-only view's mount calls
+    (csrc/linux/namespaces.c).  ``SBXLIMIT_NAMESPACES=0`` turns them off (a
     container whose seccomp profile kills on unshare, or to use the
     fallbacks on purpose)."""
     if os.environ.get("SBXLIMIT_NAMESPACES") == "0":
         return Namespaces(False, reason="namespaces turned off (SBXLIMIT_NAMESPACES=0)")
-    if _capability(_CAP_SYS_ADMIN) and _core.probe(_core.PROBE_NAMESPACES, flags, 2000) == 0:
-        return Namespaces(True)
-    err = _core.probe(_core.PROBE_NAMESPACES, flags | CLONE_NEWUSER, 2000)
+    kind = _core.PROBE_RO_VIEW if view else _core.PROBE_NAMESPACES
+    if _capability(_CAP_SYS_ADMIN):
+        err = _core.probe(kind, flags, 2000)
+        if err == 0:
+            return Namespaces(True)
+        if view and namespaces(flags).ok:
+            return _no_view(err)
+    err = _core.probe(kind, flags | CLONE_NEWUSER, 2000)
     if err == 0:
         return Namespaces(True, user=True)
+    if view and namespaces(flags).ok:
+        return _no_view(err)
     why = (
         _userns_blocked() or f"setting up an unprivileged user namespace failed: {os.strerror(err)}"
     )
     return Namespaces(False, reason=why)
+
+
+def _no_view(err: int) -> Namespaces:
+    """The namespace works, the read-only view's mount calls do not."""
+    return Namespaces(
+        False,
+        reason="the read-only view needs open_tree, move_mount and mount_setattr "
+        f"(Linux 5.12): {os.strerror(err)}",
+    )
 
 
 # sysctl, the value that blocks unprivileged user namespaces, the fix

@@ -87,6 +87,10 @@ _STEP_HINTS = {
     "ns:mount": "the workspace's tmpfs needs a mount namespace of the sandbox's own; pass "
     "workdir= to hold disk with the watchdog instead.",
     "ns:pid": "the PID namespace's reaper or the program could not be forked (pids limit?).",
+    "ns:view": "the read-only view of the host could not be mounted (detail: which entry; -1: "
+    "'/' read-only); it needs Linux 5.12, and SBXLIMIT_NAMESPACES=0 runs without it.",
+    "caps:drop": "dropping capabilities failed; the bounding set and securebits need "
+    "CAP_SETPCAP, which sbxlimit asks for only where the caller has it.",
 }
 
 

@@ -22,9 +22,10 @@ from collections.abc import Iterable
 
 from ._policy import Policy
 
-__all__ = ["DOTFILES", "handled_rights", "rules", "subtract"]
+__all__ = ["DOTFILES", "handled_rights", "rules", "subtract", "writable_rights"]
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+MAKE_CHAR, MAKE_BLOCK = 1 << 6, 1 << 11
 REFER, TRUNCATE, IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 READ = EXECUTE | READ_FILE | READ_DIR
 DEVICE = READ_FILE | WRITE_FILE | READ_DIR | TRUNCATE | IOCTL_DEV
@@ -51,6 +52,12 @@ def handled_rights(abi: int) -> int:
     if abi >= 5:
         rights |= IOCTL_DEV
     return rights
+
+
+def writable_rights(abi: int) -> int:
+    """What a writable place allows: everything handled but device nodes
+    (a device node is a way around every file rule)."""
+    return handled_rights(abi) & ~(MAKE_CHAR | MAKE_BLOCK)
 
 
 def _real(path: str) -> str:
@@ -108,6 +115,6 @@ def rules(policy: Policy, workspace: str | None, abi: int) -> tuple[int, list[tu
     writable = [workspace] if workspace else []
     writable += list(policy.writable_roots)
     out = [(p, READ) for p in subtract(["/"], policy.deny_read)]
-    out += [(p, handled) for p in subtract(writable, denied_writes)]
+    out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes)]
     out += [(d, DEVICE) for d in DEVICES]
     return handled, out

@@ -1,5 +1,5 @@
-"""Linux namespaces for one sandbox: the ``ns`` argument of ``_core.spawn``
-and the size-capped workspace's hand-back.
+"""Linux namespaces for one sandbox: the ``ns`` argument of ``_core.spawn``,
+the read-only view's entries, and the size-capped workspace's hand-back.
 
 The child makes the namespaces (csrc/linux/namespaces.c); this module only
 prepares what it needs in the parent.  A tmpfs mounted in the child's own
@@ -17,10 +17,54 @@ import shutil
 import socket
 import warnings
 
+from . import _core
 from ._enforce import CLONE_NEWNET, CLONE_NEWUSER, Plan
-from ._landlock import handled_rights
+from ._landlock import DOTFILES, writable_rights
+from ._policy import Policy
 
-__all__ = ["Spawn", "copy_out", "fd_path"]
+__all__ = ["Spawn", "copy_out", "fd_path", "view"]
+
+View = list[tuple[int, bytes, bytes]]
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def view(policy: Policy, workspace: str | None, shm_size: int | None) -> tuple[View, bool]:
+    """The read-only view's entries for `policy` (csrc/sbx.h, struct
+    sbx_view), and whether "/" becomes read-only (not when it is a writable
+    root itself).  Paths are resolved here: the child follows no link."""
+    real = os.path.realpath
+    roots = [workspace] if workspace else []
+    roots += policy.writable_roots
+    rw = sorted({real(r) for r in roots}, key=lambda r: (r.count("/"), r))
+    ro_root = "/" not in rw
+    out: View = []
+    for r in rw:
+        if r != "/":
+            kind = _core.VIEW_RW_DEV if _under("/dev", r) else _core.VIEW_RW
+            out.append((kind, os.fsencode(r), b""))
+    if os.path.isdir("/dev/shm"):
+        # A private one: the host's is read-only in the view, and shared
+        # memory of other processes is none of the sandbox's business.
+        size = f",size={shm_size}" if shm_size else ""
+        out.append((_core.VIEW_TMPFS, b"/dev/shm", f"mode=1777{size}".encode()))
+    protected = list(policy.deny_write)
+    if policy.protect_dotfiles:
+        home = os.path.expanduser("~")
+        protected += [os.path.join(home, n) for n in DOTFILES]
+        protected += [os.path.join(r, ".git", "hooks") for r in roots]
+    for path in dict.fromkeys(real(x) for x in protected):
+        # Outside the writable trees the view is read-only already.
+        if any(_under(path, r) for r in rw) and os.path.lexists(path):
+            out.append((_core.VIEW_RO, os.fsencode(path), b""))
+    for path in dict.fromkeys(real(x) for x in policy.deny_read):
+        if os.path.isdir(path):
+            out.append((_core.VIEW_HIDE_DIR, os.fsencode(path), b""))
+        elif os.path.lexists(path):
+            out.append((_core.VIEW_HIDE, os.fsencode(path), b""))
+    return out, ro_root
 
 
 class Spawn:
@@ -29,7 +73,15 @@ class Spawn:
 
     __slots__ = ("_recv", "args", "child_end")
 
-    def __init__(self, plan: Plan, workspace: str | None, uid: int | None, gid: int | None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        policy: Policy | None,
+        workspace: str | None,
+        uid: int | None,
+        gid: int | None,
+        shm_size: int | None = None,
+    ) -> None:
         flags = plan.ns_flags | (CLONE_NEWUSER if plan.user_ns else 0)
         uid_map = gid_map = b""
         if plan.user_ns:
@@ -50,10 +102,26 @@ class Spawn:
             self._recv = parent
             self.child_end = child.detach()
         loopback = bool(flags & CLONE_NEWNET)
-        # Landlock skips the directory a mount hides: the tmpfs gets a rule
+        entries: View = []
+        ro_root = False
+        if plan.ro_view and policy is not None:
+            entries, ro_root = view(policy, workspace or policy.workdir, shm_size)
+        # Landlock skips the directory a mount hides: each tmpfs gets a rule
         # of its own in the child, with the rights the workspace has.
-        ll = handled_rights(plan.landlock) if plan.landlock and tmpfs else 0
-        self.args = (flags, uid_map, gid_map, loopback, tmpfs, opts, mkdir, self.child_end, ll)
+        ll = writable_rights(plan.landlock) if plan.landlock and (tmpfs or entries) else 0
+        self.args = (
+            flags,
+            uid_map,
+            gid_map,
+            loopback,
+            tmpfs,
+            opts,
+            mkdir,
+            self.child_end,
+            ll,
+            entries,
+            ro_root,
+        )
 
     def take_child_end(self) -> int:
         """The child's end, for the core to close after the spawn."""

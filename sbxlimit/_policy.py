@@ -15,7 +15,7 @@ from typing import Any, Literal
 from ._errors import ConfigError
 from ._limits import coerce_fields
 
-__all__ = ["DOTFILES", "Policy"]
+__all__ = ["CAPABILITIES", "DOTFILES", "Policy"]
 
 NetworkMode = Literal["allow", "deny", "proxy"]
 
@@ -23,6 +23,50 @@ NetworkMode = Literal["allow", "deny", "proxy"]
 # relative to the workspace and writable roots too).
 DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig", ".ssh")
 
+# Linux capabilities by number (linux/capability.h), for Policy.capabilities.
+CAPABILITIES = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+)
 _ENV_NAME = re.compile(r"^[^=\0]+$")
 # drop_secrets: names that usually hold credentials (AWS_SECRET_ACCESS_KEY,
 # GITHUB_TOKEN, OPENAI_API_KEY, PGPASSWORD ...), in any case.
@@ -47,6 +91,22 @@ def _paths(field: str, value: object) -> tuple[str, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise ConfigError(field, value, "expected a list of absolute paths")
     return tuple(_path(f"{field}[{i}]", v) for i, v in enumerate(value))
+
+
+def _capabilities(value: object) -> tuple[str, ...]:
+    """Capability names, normalised to ``CAP_*`` and sorted."""
+    field = "Policy.capabilities"
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ConfigError(field, value, "expected a list of capability names")
+    out = set()
+    for v in value:
+        name = v.upper() if isinstance(v, str) else v
+        if isinstance(name, str) and not name.startswith("CAP_"):
+            name = "CAP_" + name
+        if name not in CAPABILITIES:
+            raise ConfigError(field, v, "not a Linux capability name (CAP_NET_BIND_SERVICE, ...)")
+        out.add(name)
+    return tuple(sorted(out, key=CAPABILITIES.index))
 
 
 PathArg = str | os.PathLike[str] | bytes
@@ -80,9 +140,18 @@ class Policy:
         drop_secrets: also drop variables whose name contains ``KEY``,
             ``SECRET``, ``TOKEN`` or ``PASSWORD`` (any case), even when an
             allow-list names them.
-        harden: no_new_privs, and on Linux a seccomp filter refusing
-            ptrace, bpf, mount, kernel keys and the like (EPERM).  Core
-            dumps are off in every sandbox regardless.
+        harden: no_new_privs, and on Linux a seccomp filter: no new
+            namespaces, device nodes, typing into terminals, signals to the
+            caller, sockets of other families than unix, IPv4/IPv6 and
+            netlink routes; ptrace, bpf, mount, kernel keys and the like
+            refused (EPERM).  Core dumps are off in every sandbox regardless.
+        capabilities: Linux capabilities a sandbox of a privileged caller
+            keeps (``["CAP_NET_BIND_SERVICE"]``); every other one is dropped,
+            so a root program runs without privilege (default: none).
+        terminal: keep the caller's session and controlling terminal (job
+            control and Ctrl-C reach the program).  By default a policy
+            sandbox gets a session of its own, with no controlling terminal,
+            so it cannot push input into the caller's (docs/SECURITY.md).
         isolate_pids: a PID namespace of its own (Linux): the program runs
             as PID 2 under a small reaper as PID 1, sees only its own
             processes, and everything it started dies with it.
@@ -103,6 +172,8 @@ class Policy:
     drop_secrets: bool = False
     harden: bool = True
     isolate_pids: bool = False
+    capabilities: tuple[str, ...] = ()
+    terminal: bool = False
     strict: bool = False
 
     def __init__(
@@ -120,6 +191,8 @@ class Policy:
         drop_secrets: bool = False,
         harden: bool = True,
         isolate_pids: bool = False,
+        capabilities: Iterable[str] = (),
+        terminal: bool = False,
         strict: bool = False,
     ) -> None:
         def put(name: str, value: object) -> None:
@@ -138,6 +211,8 @@ class Policy:
             ("drop_secrets", drop_secrets),
             ("harden", harden),
             ("isolate_pids", isolate_pids),
+            ("capabilities", capabilities),
+            ("terminal", terminal),
             ("strict", strict),
         ):
             put(name, value)
@@ -152,10 +227,12 @@ class Policy:
             "drop_secrets",
             "harden",
             "isolate_pids",
+            "terminal",
             "strict",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Policy.{name}", getattr(self, name), "expected a bool")
+        put("capabilities", _capabilities(self.capabilities))
         if self.network not in ("allow", "deny", "proxy"):
             raise ConfigError("Policy.network", self.network, "expected 'allow', 'deny' or 'proxy'")
         ports = self.proxy_ports

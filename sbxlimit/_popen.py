@@ -153,25 +153,31 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             self._sbx_audit_key = audit_key
         if limits is not None or policy is not None:
             self._sbx_prepare(limits, policy, kwargs.get("user"), cgroup_parent)
-        if quota is not None:
-            if not isinstance(quota, Quota):
-                raise ConfigError("quota", quota, "expected a sbxlimit.Quota")
-            # Admitted before anything starts; given back at reap (or now,
-            # if the spawn fails).
-            self._sbx_quota = quota.admit(self.limits, key=audit_key)
-            try:
-                super().__init__(args, *popenargs, **kwargs)
-            except BaseException:
-                self._sbx_quota_release()
-                raise
-            return
+            group = kwargs.get("process_group")
+            if self._sbx_plan.new_session and group is not None and group > 0:
+                raise ConfigError(
+                    "process_group",
+                    group,
+                    "a Policy sandbox gets a session of its own (no controlling terminal), so it "
+                    "cannot join a group of the caller's; pass Policy(terminal=True) to share it",
+                )
         if sample_interval is not _DEFAULT_INTERVAL:
             self._sbx_interval = parse_seconds("sample_interval", sample_interval)
         if die_with_parent is not None:
             if not isinstance(die_with_parent, bool):
                 raise ConfigError("die_with_parent", die_with_parent, "expected a bool or None")
             self._sbx_die_with_parent = die_with_parent
-        super().__init__(args, *popenargs, **kwargs)
+        if quota is not None:
+            if not isinstance(quota, Quota):
+                raise ConfigError("quota", quota, "expected a sbxlimit.Quota")
+            # Admitted before anything starts; given back at reap (or now,
+            # if the spawn fails).
+            self._sbx_quota = quota.admit(self.limits, key=audit_key)
+        try:
+            super().__init__(args, *popenargs, **kwargs)
+        except BaseException:
+            self._sbx_quota_release()
+            raise
 
     def _sbx_prepare(self, limits: Any, policy: Any, user: Any, cgroup_parent: str | None) -> None:
         """Validate and plan; raises before any process starts."""
@@ -310,7 +316,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 close_after.append(errwrite)
 
             if p.ns_flags:
-                ns = _namespaces.Spawn(p, self._sbx_workspace, uid, gid)
+                memory = self.limits.memory if self.limits is not None else None
+                ns = _namespaces.Spawn(p, self.policy, self._sbx_workspace, uid, gid, memory)
 
             pgid = process_group
             die = self._sbx_die_with_parent
@@ -320,7 +327,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             pumps: list[Pump] = []
             child_out, child_err = c2pwrite, errwrite
             if p.active:
-                if not start_new_session and process_group == -1:
+                if p.new_session and process_group <= 0:
+                    # A session of its own: no controlling terminal to type
+                    # into, and a group of its own (the tree we can end).
+                    start_new_session, pgid = True, -1
+                elif not start_new_session and process_group == -1:
                     pgid = 0  # lead a group of our own: the tree we can end
                 if p.output is not None:
                     try:
@@ -399,6 +410,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     p.rlimits,
                     pdeathsig,
                     p.no_new_privs,
+                    p.drop_caps,
+                    p.caps_keep,
                     p.seccomp_what,
                     landlock_fd,
                     ns.args if ns is not None else None,
@@ -829,10 +842,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     def __del__(self) -> None:
         # A sandbox dropped without close(): its workspace goes with it
         # (subprocess's __del__ reaps it later if it still runs; then the
-        # interpreter's exit removes the workspace).
+        # interpreter's exit removes the workspace).  At interpreter exit the
+        # modules this needs may be gone already: never raise from here.
         try:
             super().__del__()
-        finally:
+        except Exception:
+            pass
+        try:
             ws = self._sbx_workspace
             keep = self._sbx_plan.keep_workspace
             if ws is not None and self.returncode is not None and not keep:
@@ -840,6 +856,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 _workspace.remove(ws)
             if not keep:  # nobody can read it any more (with keep, close() copies it out)
                 self._sbx_close_tmpfs(copy_to=None)
+        except Exception:
+            pass
 
     @property
     def workspace(self) -> str | None:

@@ -1,11 +1,14 @@
-"""Runs tests/test_cgroups.py under a real cgroup v2 kernel.
+"""Runs tests/test_cgroups.py under a real cgroup v2 kernel, and
+tests/test_escapes.py under a kernel without Landlock.
 
 This machine's kind (a cgroup v1 hybrid) cannot give cgroup v2 its
 controllers, so the v2 tests run inside a User-Mode-Linux guest that mounts
 the host's files and a cgroup2 hierarchy with memory, pids and cpu
 (tests/vm/run-in-uml.sh; docs/development.md).  The guest runs the same
 interpreter and the same build; SBXLIMIT_EXPECT_CGROUP=2 makes the run fail
-rather than skip if v2 were not found there.
+rather than skip if v2 were not found there.  Its kernel (6.1) has no
+Landlock: the attacks of test_escapes.py meet the read-only view and the
+seccomp filter alone there.
 """
 
 from __future__ import annotations
@@ -34,20 +37,29 @@ UML = shutil.which("linux.uml") or (
     reason="the cgroup v2 guest runs in the root pass (its hostfs writes land as this user)",
 )
 def test_cgroup_suite_under_cgroup2():
-    """Two guests at once (each has one CPU): the supervisor in the root
+    """Three guests at once (each has one CPU): the supervisor in the root
     cgroup, and in a leaf that holds it, as under systemd with
-    Delegate=yes (where cgroup v2's no-internal-process rule applies)."""
+    Delegate=yes (where cgroup v2's no-internal-process rule applies); and
+    the attacks on a kernel without Landlock."""
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    pytest_cmd += ["-p", "no:randomly", os.path.join(HERE, "test_cgroups.py")]
+    pytest_cmd += ["-p", "no:randomly"]
+    cgroups = [os.path.join(HERE, "test_cgroups.py")]
+    escapes = [os.path.join(HERE, "test_escapes.py")]
     # The guests share the host's files: each gets a temp dir of its own, or
     # one's leak check would see the other's workspaces.
-    tmps = [tempfile.mkdtemp(prefix="cg2vm-tmp-") for _ in range(2)]
-    guests = dict(zip(("root cgroup", "delegated leaf"), tmps, strict=True))
-    extra = {"root cgroup": [], "delegated leaf": ["--cgroup", "deleg/leaf"]}
+    names = ("root cgroup", "delegated leaf", "no Landlock: escapes")
+    tmps = [tempfile.mkdtemp(prefix="cg2vm-tmp-") for _ in names]
+    guests = dict(zip(names, tmps, strict=True))
+    extra = {
+        "root cgroup": cgroups,
+        "delegated leaf": ["--cgroup", "deleg/leaf", *cgroups],
+        "no Landlock: escapes": escapes,
+    }
 
     def boot(where: str) -> subprocess.Popen[str]:
+        *opts, tests = extra[where]
         return subprocess.Popen(
-            [RUNNER, "--timeout", "600", *extra[where], *pytest_cmd],
+            [RUNNER, "--timeout", "600", *opts, *pytest_cmd, tests],
             # Two guests writing the same __pycache__ over hostfs can race.
             env=dict(
                 os.environ,

@@ -39,6 +39,7 @@ def _kwargs(step: str, tmp_path) -> dict:
         "ns:idmap": {"policy": sbxlimit.Policy(network="deny", workdir="/")},
         "ns:loopback": {"policy": sbxlimit.Policy(network="deny", workdir="/")},
         "ns:mount": {"limits": L(disk="1Mi")},
+        "ns:view": {"policy": sbxlimit.Policy(protect_dotfiles=False)},
         "ns:pid": {"policy": sbxlimit.Policy(isolate_pids=True, workdir="/")},
         "rlimit:RLIMIT_CORE": {"limits": L(wall_time=10)},
         "rlimit:RLIMIT_CPU": {"limits": L(cpu_time=10)},
@@ -52,6 +53,7 @@ def _kwargs(step: str, tmp_path) -> dict:
         "setgroups": {"extra_groups": [os.getgid()]},
         "setgid": {"group": os.getgid()},
         "setuid": {"user": os.getuid()},
+        "caps:drop": {"policy": sbxlimit.Policy(protect_dotfiles=False, workdir="/")},
         "harden:no_new_privs": {"policy": sbxlimit.Policy(protect_dotfiles=False, workdir="/")},
         "harden:seccomp": {"policy": sbxlimit.Policy(protect_dotfiles=False, workdir="/")},
         "landlock:restrict": {"policy": sbxlimit.Policy(workdir="/")},
@@ -80,10 +82,12 @@ def test_step_failure_reaches_python(step, tmp_path):
     if step == "landlock:restrict" and sbxlimit._core.landlock_abi() < 1:
         pytest.skip(f"no Landlock here ({why_not('landlock')})")
     if step.startswith("ns:"):
-        flag = {"ns:mount": CLONE_NEWNS, "ns:pid": CLONE_NEWPID | CLONE_NEWNS}.get(
-            step, CLONE_NEWNET
-        )
-        ns = namespaces(flag)
+        flag = {
+            "ns:mount": CLONE_NEWNS,
+            "ns:view": CLONE_NEWNS,
+            "ns:pid": CLONE_NEWPID | CLONE_NEWNS,
+        }.get(step, CLONE_NEWNET)
+        ns = namespaces(flag, view=True) if step == "ns:view" else namespaces(flag)
         if not ns.ok:
             pytest.skip(f"no namespace here: {ns.reason}")
         if step == "ns:idmap" and not ns.user:

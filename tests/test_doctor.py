@@ -43,6 +43,8 @@ def test_report_shape_and_json_schema():
         "user_namespace",
         "pidfd",
         "clone3_cgroup",
+        "read_only_view",
+        "capabilities",
         "container",
     ):
         assert needed in names

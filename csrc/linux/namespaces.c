@@ -8,6 +8,17 @@
  *   mounted here propagates to the host) -> tmpfs on the workspace, its
  *   root's fd sent to the parent -> PID namespace: fork PID 1.
  *
+ * The read-only view (spec->view_ro_root, spec->view): in the child's own
+ * mount namespace the host is read-only and nosuid, the writable roots are
+ * bound back as the host has them (nosuid, nodev), protected paths are
+ * re-bound read-only on top, and deny_read paths are covered (an empty
+ * read-only tmpfs, or /dev/null): their contents, names and sockets are gone
+ * for the program.  This is the file rules' first layer, and the only one
+ * on a kernel without Landlock; it needs the new mount API (Linux 5.12:
+ * open_tree, move_mount, mount_setattr), which sets flags on a whole tree
+ * at once.  The writable trees are cloned before "/" turns read-only, so
+ * what the host mounted read-only beneath them stays read-only.
+ *
  * A mount namespace dies with its last process, and the tmpfs with it; the
  * parent keeps the fd it was sent, so what the program left stays readable
  * until the caller closes the sandbox (SPEC 3, workdir).
@@ -31,6 +42,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -47,6 +59,30 @@
 #ifndef SYS_close_range
 #define SYS_close_range 436
 #endif
+/* The new mount API (linux/mount.h), spelled out so that the build does not
+ * depend on the installed headers: the numbers are the same on every
+ * architecture. */
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+struct sbx_mount_attr {
+    uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+#define SBX_MOUNT_ATTR_RDONLY   0x1
+#define SBX_MOUNT_ATTR_NOSUID   0x2
+#define SBX_MOUNT_ATTR_NODEV    0x4
+#define SBX_MOUNT_ATTR_NOEXEC   0x8
+#define SBX_OPEN_TREE_CLONE     1
+#define SBX_MOVE_MOUNT_F_EMPTY  0x4
+#define SBX_AT_RECURSIVE        0x8000
+#define SBX_AT_EMPTY_PATH       0x1000
+#define SBX_AT_SYMLINK_NOFOLLOW 0x100
 
 static int write_file(const char *path, const char *text)
 {
@@ -112,6 +148,124 @@ static int make_slave(void)
     return mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
 }
 
+/* ---- the read-only view ------------------------------------------------ */
+
+static int set_attr(int dfd, const char *path, unsigned flags, uint64_t set)
+{
+    struct sbx_mount_attr attr;
+
+    memset(&attr, 0, sizeof attr);
+    attr.attr_set = set;
+    return (int)syscall(SYS_mount_setattr, dfd, path, flags, &attr, sizeof attr);
+}
+
+/* A detached copy of the tree at path (recursive: what is mounted below
+ * comes along), or -1 with errno. */
+static int clone_tree(const char *path, unsigned recursive)
+{
+    return (int)syscall(SYS_open_tree, AT_FDCWD, path,
+                        SBX_OPEN_TREE_CLONE | O_CLOEXEC | SBX_AT_SYMLINK_NOFOLLOW | recursive);
+}
+
+/* Put the detached tree fd over path, with `set` added to its flags. */
+static int attach(int fd, const char *path, uint64_t set)
+{
+    if (set && set_attr(fd, "", SBX_AT_EMPTY_PATH | SBX_AT_RECURSIVE, set) < 0)
+        return -1;
+    return (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, path, SBX_MOVE_MOUNT_F_EMPTY);
+}
+
+/* Bind the tree at src read-only over path. */
+static int bind_ro(const char *src, const char *path, unsigned recursive)
+{
+    int saved, rc, fd = clone_tree(src, recursive);
+
+    if (fd < 0)
+        return -1;
+    rc = attach(fd, path, SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID);
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+static int writable(const struct sbx_view *v)
+{
+    return v->kind == SBX_VIEW_RW || v->kind == SBX_VIEW_RW_DEV;
+}
+
+/* The host read-only, the writable trees back as they were.  The clones'
+ * fds live on this (the child's) stack: nothing is written to the parent's
+ * memory. */
+static void view_begin_child(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+    int fds[SBX_VIEW_MAX_RW];
+    size_t i, n = 0;
+
+    for (i = 0; i < s->n_view && n < SBX_VIEW_MAX_RW; i++) {
+        if (!writable(&s->view[i]))
+            continue;
+        fds[n] = clone_tree(s->view[i].path, SBX_AT_RECURSIVE);
+        if (fds[n] < 0 && errno != ENOENT)
+            sbx_child_fail(ctx, SBX_STEP_NS_VIEW, errno, (int64_t)i);
+        n++;
+    }
+    if (s->view_ro_root)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -1,
+                       set_attr(AT_FDCWD, "/", SBX_AT_RECURSIVE,
+                                SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID));
+    n = 0;
+    for (i = 0; i < s->n_view && n < SBX_VIEW_MAX_RW; i++) {
+        uint64_t set = SBX_MOUNT_ATTR_NOSUID;
+
+        if (!writable(&s->view[i]))
+            continue;
+        if (fds[n] >= 0) {
+            if (s->view[i].kind == SBX_VIEW_RW)
+                set |= SBX_MOUNT_ATTR_NODEV;
+            SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, (int64_t)i, attach(fds[n], s->view[i].path, set));
+            close(fds[n]);
+        }
+        n++;
+    }
+}
+
+static int allow_root(const struct sbx_spec *s, const char *path);
+
+/* Protected paths, hidden paths, private tmpfs: in the order given. */
+static int view_entry(const struct sbx_spec *s, const struct sbx_view *v)
+{
+    switch (v->kind) {
+    case SBX_VIEW_RO:
+        return bind_ro(v->path, v->path, SBX_AT_RECURSIVE);
+    case SBX_VIEW_HIDE:
+        return bind_ro("/dev/null", v->path, 0);
+    case SBX_VIEW_HIDE_DIR:
+        return mount("tmpfs", v->path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                     "size=4k,mode=0555");
+    case SBX_VIEW_TMPFS:
+        if (mount("tmpfs", v->path, "tmpfs", MS_NOSUID | MS_NODEV, v->data) < 0)
+            return -1;
+        return allow_root(s, v->path);
+    default:
+        return 0;
+    }
+}
+
+static void view_finish_child(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+    size_t i;
+
+    for (i = 0; i < s->n_view; i++) {
+        if (s->fail_step == SBX_STEP_NS_VIEW)
+            sbx_child_fail(ctx, SBX_STEP_NS_VIEW, s->fail_errno, (int64_t)i);
+        if (view_entry(s, &s->view[i]) < 0 && errno != ENOENT)
+            sbx_child_fail(ctx, SBX_STEP_NS_VIEW, errno, (int64_t)i);
+    }
+}
+
 /* Send fd over the datagram socket sock (SCM_RIGHTS). */
 static int send_fd(int sock, int fd)
 {
@@ -142,6 +296,25 @@ static int send_fd(int sock, int fd)
         n = sendmsg(sock, &msg, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
     return n < 0 ? -1 : 0;
+}
+
+/* A Landlock rule for a tmpfs we mounted at path, with the workspace's
+ * rights: the parent's rule for the directory it hides does not apply
+ * (Landlock skips hidden mount points). */
+static int allow_root(const struct sbx_spec *s, const char *path)
+{
+    int saved, rc, fd;
+
+    if (s->landlock_fd < 0 || !s->tmpfs_landlock)
+        return 0;
+    fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    rc = sbx_landlock_allow_child(s->landlock_fd, fd, s->tmpfs_landlock);
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
 }
 
 /* The tmpfs's root: a Landlock rule for it (the parent's rule for the
@@ -285,8 +458,10 @@ static void enter_pid_ns(const struct sbx_child_ctx *ctx)
     /* A /proc of this namespace, so that ps and /proc/self agree with
      * getpid().  Best effort: a container may forbid it (a locked /proc),
      * and the isolation itself does not depend on it. */
+    /* Read-only: uid 0 may write most of /proc/sys without a capability
+     * (core_pattern, for one), and the rest of the host is read-only too. */
     if (s->ns_flags & CLONE_NEWNS)
-        (void)mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+        (void)mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 1, target = fork());
     if (target > 0) {
         close_all_but(fds[1]);
@@ -308,6 +483,8 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_LOOPBACK, 0, loopback_up());
     if (s->ns_flags & CLONE_NEWNS)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 0, make_slave());
+    if ((s->ns_flags & CLONE_NEWNS) && (s->view_ro_root || s->n_view))
+        view_begin_child(ctx);
     if ((s->ns_flags & CLONE_NEWNS) && s->tmpfs_path) {
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 1,
                        mount("tmpfs", s->tmpfs_path, "tmpfs", MS_NOSUID | MS_NODEV, s->tmpfs_opts));
@@ -315,6 +492,8 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
             SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 2, mkdir(s->tmpfs_mkdir, 0700));
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 3, publish_root(s));
     }
+    if ((s->ns_flags & CLONE_NEWNS) && s->n_view)
+        view_finish_child(ctx);
     if (s->ns_flags & CLONE_NEWPID)
         enter_pid_ns(ctx);
 }
@@ -384,4 +563,21 @@ int sbx_ns_probe_child(long flags)
         }
     }
     return 0;
+}
+
+int sbx_ns_probe_view_child(long flags)
+{
+    int fd;
+
+    if (sbx_ns_probe_child(flags | CLONE_NEWNS) < 0)
+        return -1;
+    /* As a sandbox's view does it: a tree cloned, "/" read-only, the clone
+     * back on top (over "/" itself: this namespace is private). */
+    fd = clone_tree("/", SBX_AT_RECURSIVE);
+    if (fd < 0)
+        return -1;
+    if (set_attr(AT_FDCWD, "/", SBX_AT_RECURSIVE, SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID) <
+        0)
+        return -1;
+    return attach(fd, "/", SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NODEV);
 }

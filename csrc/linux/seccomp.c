@@ -1,21 +1,38 @@
 /* seccomp.c -- the hardening filter, built in the parent, loaded in the
  * child as its last step before execve.
  *
- * The filter refuses, with EPERM (never a kill: a program that probes for a
- * feature must get an error it can handle), the system calls an untrusted
- * program has no business making and that widen the kernel's attack
- * surface or reach other processes: ptrace and process_vm_readv/writev,
- * kexec, bpf, perf_event_open, the key-management calls, userfaultfd,
- * io_uring, mounting (old and new API), module loading and
- * open_by_handle_at.  Everything else is allowed.  With a network rule
- * it also looks at socket(2)'s arguments: no IPv4/IPv6 or packet sockets
- * (network="deny" without a namespace), or only TCP stream ones (network
- * "proxy", whose ports Landlock holds).
+ * Refusals are errors (EPERM, or what a kernel without the feature says),
+ * never kills: a program that probes for a feature must get an error it
+ * can handle.  The filter is a deny list where a whole system call is
+ * dangerous and an allow-list where the arguments decide:
+ *
+ *   refused       ptrace, process_vm_readv/writev, kcmp, pidfd_getfd,
+ *                 kexec, bpf, perf_event_open, keys, userfaultfd,
+ *                 io_uring, mounting (old and new API), pivot_root,
+ *                 chroot, setns, modules, open_by_handle_at, reboot,
+ *                 swap, clocks, syslog, acct, quotactl, host names
+ *   namespaces    unshare() and clone() with any CLONE_NEW* flag; clone3
+ *                 gets ENOSYS (its flags are in memory, out of the
+ *                 filter's sight; libc falls back to clone)
+ *   devices       mknod/mknodat of a character or block device
+ *   ioctl         TIOCSTI and TIOCLINUX (typing into a terminal),
+ *                 SIOCGSKNS (a socket's network namespace as an fd)
+ *   prlimit64     changes only to the caller itself (pid 0)
+ *   signals       kill(-1), and any signal or pidfd for the sandbox's
+ *                 caller or its process group
+ *   socket        AF_UNIX, AF_INET, AF_INET6 and NETLINK_ROUTE only
+ *                 (EAFNOSUPPORT): no vsock (a way out of any network
+ *                 namespace, to the hypervisor), packet, XDP, alg,
+ *                 other netlink families; with a network rule, no
+ *                 IPv4/IPv6 socket at all ("deny" without a namespace) or
+ *                 TCP stream ones only ("proxy", whose ports Landlock holds)
  *
  * The architecture is checked first: a system call made through another
  * ABI (x86-64's int 0x80 / x32) has other numbers and is refused as a whole,
- * or the list could be bypassed.  Built for the architecture this file is
- * compiled for; elsewhere sbx_seccomp_build() returns -ENOSYS and the
+ * or the list could be bypassed.  Arguments are compared on their low 32
+ * bits where the kernel reads an int (ioctl's cmd, a pid, a family): it
+ * ignores the high bits, so must we.  Built for the architecture this file
+ * is compiled for; elsewhere sbx_seccomp_build() returns -ENOSYS and the
  * Python layer reports the protection as not available.
  */
 #ifndef _GNU_SOURCE
@@ -28,8 +45,9 @@
 #include <netinet/in.h>
 #include <stddef.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -42,11 +60,15 @@
 #endif
 
 #ifdef SBX_AUDIT_ARCH
-/* The refused calls; each only where this architecture has it. */
+/* Refused whatever the arguments; each only where this architecture has it. */
 static const long denied[] = {
     SYS_ptrace,
     SYS_process_vm_readv,
     SYS_process_vm_writev,
+    SYS_kcmp,
+#ifdef SYS_pidfd_getfd
+    SYS_pidfd_getfd,
+#endif
     SYS_kexec_load,
 #ifdef SYS_kexec_file_load
     SYS_kexec_file_load,
@@ -65,6 +87,7 @@ static const long denied[] = {
     SYS_mount,
     SYS_umount2,
     SYS_pivot_root,
+    SYS_chroot,
 #ifdef SYS_fsopen
     SYS_fsopen,
     SYS_fsconfig,
@@ -76,26 +99,87 @@ static const long denied[] = {
 #ifdef SYS_mount_setattr
     SYS_mount_setattr,
 #endif
+    SYS_setns,
     SYS_open_by_handle_at,
     SYS_init_module,
     SYS_finit_module,
     SYS_delete_module,
+    SYS_reboot,
+    SYS_swapon,
+    SYS_swapoff,
+    SYS_syslog,
+    SYS_acct,
+    SYS_quotactl,
+    SYS_settimeofday,
+    SYS_clock_settime,
+    SYS_clock_adjtime,
+    SYS_adjtimex,
+    SYS_sethostname,
+    SYS_setdomainname,
+    SYS_vhangup,
+#ifdef SYS_iopl
+    SYS_iopl,
+    SYS_ioperm,
+#endif
+#ifdef SYS_lookup_dcookie
+    SYS_lookup_dcookie,
+#endif
 };
 #define N_DENIED (sizeof denied / sizeof denied[0])
+
+/* Signals and pidfds: their first argument is a pid, never the caller's. */
+static const long signalling[] = {
+    SYS_tkill,      SYS_tgkill, SYS_rt_sigqueueinfo, SYS_rt_tgsigqueueinfo,
+#ifdef SYS_pidfd_open
+    SYS_pidfd_open,
+#endif
+};
+#define N_SIGNALLING (sizeof signalling / sizeof signalling[0])
+
+#define SBX_CLONE_NEW_ANY                                                                          \
+    0x7E020000u /* NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET */
+#define SBX_CLONE_NEWTIME 0x00000080u /* unshare/clone3 only: clone()'s low byte is a signal */
+#define SBX_TIOCSTI       0x5412u
+#define SBX_TIOCLINUX     0x541Cu
+#define SBX_SIOCGSKNS     0x894Cu
+#define SBX_AF_NETLINK    16
+#define SBX_NETLINK_ROUTE 0
 #endif
 
 #define RET_ERRNO(e) (SECCOMP_RET_ERRNO | ((e)&SECCOMP_RET_DATA))
 
 #ifdef SBX_AUDIT_ARCH
 /* A tiny assembler: jumps name labels, resolved to BPF's forward offsets
- * when the program is complete. */
-enum { L_NONE = -1, L_ALLOW, L_EPERM, L_SOCKET, L_INET, L_SOCK_EPERM, L_SOCK_ALLOW, L__COUNT };
+ * when the program is complete.  The returns sit at the end, so every jump
+ * is forward. */
+enum {
+    L_NONE = -1,
+    L_UNSHARE,
+    L_CLONE,
+    L_MKNOD,
+    L_MKNODAT,
+    L_DEV_MODE,
+    L_IOCTL,
+    L_PRLIMIT,
+    L_KILL,
+    L_SIGNAL,
+    L_SOCKET,
+    L_NETLINK,
+    L_INET,
+    L_ALLOW,
+    L_EPERM,
+    L_ENOSYS,
+    L_EAFNOSUPPORT,
+    L_EPROTONOSUPPORT,
+    L__COUNT
+};
 
 struct prog {
     struct sock_filter *out;
     size_t n, cap;
     int jt[SBX_SECCOMP_MAX], jf[SBX_SECCOMP_MAX]; /* labels, L_NONE: fall through */
     size_t at[L__COUNT];
+    int placed[L__COUNT];
 };
 
 static void emit(struct prog *p, unsigned short code, unsigned k, int jt, int jf)
@@ -111,6 +195,7 @@ static void emit(struct prog *p, unsigned short code, unsigned k, int jt, int jf
 static void label(struct prog *p, int l)
 {
     p->at[l] = p->n;
+    p->placed[l] = 1;
 }
 
 static int resolve(struct prog *p)
@@ -128,11 +213,14 @@ static int resolve(struct prog *p)
 
             if (l == L_NONE)
                 continue;
-            /* Forward only, within BPF's 8-bit offsets: a builder bug
-             * otherwise, refused here rather than by the kernel. */
-            if (p->at[l] <= i || (off = p->at[l] - i - 1) > 255)
+            /* Forward only, within BPF's 8-bit offsets, to a label that
+             * exists: a builder bug otherwise, refused here rather than by
+             * the kernel. */
+            if (!p->placed[l] || p->at[l] <= i || (off = p->at[l] - i - 1) > 255)
                 return -EINVAL;
-            if (side)
+            if (p->out[i].code == (BPF_JMP | BPF_JA))
+                p->out[i].k = (unsigned)off;
+            else if (side)
                 p->out[i].jf = (unsigned char)off;
             else
                 p->out[i].jt = (unsigned char)off;
@@ -141,71 +229,139 @@ static int resolve(struct prog *p)
     return 0;
 }
 
-#define ARG_LO(i)         ((unsigned)offsetof(struct seccomp_data, args[i])) /* little-endian */
-#define JEQ(p, k, target) emit((p), BPF_JMP | BPF_JEQ | BPF_K, (unsigned)(k), (target), L_NONE)
+#define ARG_LO(i)  ((unsigned)offsetof(struct seccomp_data, args[i])) /* little-endian */
+#define ARG_HI(i)  (ARG_LO(i) + 4)
+#define LD(p, off) emit((p), BPF_LD | BPF_W | BPF_ABS, (off), L_NONE, L_NONE)
+/* if (A == k) goto jt else goto jf (L_NONE: the next instruction) */
+#define JEQ(p, k, jt, jf)  emit((p), BPF_JMP | BPF_JEQ | BPF_K, (unsigned)(k), (jt), (jf))
+#define JSET(p, k, jt, jf) emit((p), BPF_JMP | BPF_JSET | BPF_K, (unsigned)(k), (jt), (jf))
+#define RET(p, v)          emit((p), BPF_RET | BPF_K, (v), L_NONE, L_NONE)
+#define JA(p, l)           emit((p), BPF_JMP | BPF_JA, 0, (l), L_NONE) /* goto l */
 #endif
 
-int sbx_seccomp_build(void *buf, size_t cap, size_t *n_out, int what)
+int sbx_seccomp_build(void *buf, size_t cap, size_t *n_out, int what, int caller, int caller_pgid)
 {
 #ifdef SBX_AUDIT_ARCH
     struct prog p;
     size_t i;
-    int net = what & (SBX_SECCOMP_NET_DENY | SBX_SECCOMP_NET_PROXY);
+    int harden = what & SBX_SECCOMP_HARDEN;
+    int inet = what & (SBX_SECCOMP_NET_DENY | SBX_SECCOMP_NET_PROXY);
 
-    if (!(what & (SBX_SECCOMP_HARDEN | SBX_SECCOMP_NET_DENY | SBX_SECCOMP_NET_PROXY)))
+    if (!(what & (SBX_SECCOMP_HARDEN | SBX_SECCOMP_NET_DENY | SBX_SECCOMP_NET_PROXY |
+                  SBX_SECCOMP_FAMILIES)))
         return -EINVAL;
     memset(&p, 0, sizeof p);
     p.out = buf;
     p.cap = cap;
-    emit(&p, BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch), L_NONE, L_NONE);
+    LD(&p, offsetof(struct seccomp_data, arch));
     /* Another ABI: refuse every call. */
-    emit(&p, BPF_JMP | BPF_JEQ | BPF_K, SBX_AUDIT_ARCH, L_NONE, L_EPERM);
-    emit(&p, BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr), L_NONE, L_NONE);
+    JEQ(&p, SBX_AUDIT_ARCH, L_NONE, L_EPERM);
+    LD(&p, offsetof(struct seccomp_data, nr));
 #if defined(__x86_64__)
     /* x32 calls carry bit 30 on x86-64's arch value: refuse them all. */
     emit(&p, BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, L_EPERM, L_NONE);
 #endif
-    if (what & SBX_SECCOMP_HARDEN)
+    JEQ(&p, SYS_socket, L_SOCKET, L_NONE);
+    if (harden) {
         for (i = 0; i < N_DENIED; i++)
-            JEQ(&p, denied[i], L_EPERM);
+            JEQ(&p, denied[i], L_EPERM, L_NONE);
+        JEQ(&p, SYS_clone3, L_ENOSYS, L_NONE);
+        JEQ(&p, SYS_unshare, L_UNSHARE, L_NONE);
+        JEQ(&p, SYS_clone, L_CLONE, L_NONE);
+#ifdef SYS_mknod
+        JEQ(&p, SYS_mknod, L_MKNOD, L_NONE);
+#endif
+        JEQ(&p, SYS_mknodat, L_MKNODAT, L_NONE);
+        JEQ(&p, SYS_ioctl, L_IOCTL, L_NONE);
+        JEQ(&p, SYS_prlimit64, L_PRLIMIT, L_NONE);
+        JEQ(&p, SYS_kill, L_KILL, L_NONE);
+        for (i = 0; i < N_SIGNALLING; i++)
+            JEQ(&p, signalling[i], L_SIGNAL, L_NONE);
+    }
 #ifdef SYS_io_uring_setup
     /* io_uring makes sockets without socket(2): refused with any net rule. */
-    if (net && !(what & SBX_SECCOMP_HARDEN))
-        JEQ(&p, SYS_io_uring_setup, L_EPERM);
+    if (inet && !harden)
+        JEQ(&p, SYS_io_uring_setup, L_EPERM, L_NONE);
 #endif
-    if (net)
-        JEQ(&p, SYS_socket, L_SOCKET);
-    label(&p, L_ALLOW);
-    emit(&p, BPF_RET | BPF_K, SECCOMP_RET_ALLOW, L_NONE, L_NONE);
-    label(&p, L_EPERM);
-    emit(&p, BPF_RET | BPF_K, RET_ERRNO(EPERM), L_NONE, L_NONE);
-    if (net) {
-        /* socket(domain, type, protocol): integers, so seccomp can look.
-         * BPF jumps only forward: this block has its own refusal. */
-        label(&p, L_SOCKET);
-        emit(&p, BPF_LD | BPF_W | BPF_ABS, ARG_LO(0), L_NONE, L_NONE);
-        JEQ(&p, AF_PACKET, L_SOCK_EPERM);
-        JEQ(&p, AF_INET, L_INET);
-        JEQ(&p, AF_INET6, L_INET);
-        emit(&p, BPF_RET | BPF_K, SECCOMP_RET_ALLOW, L_NONE, L_NONE);
-        label(&p, L_INET);
-        if (what & SBX_SECCOMP_NET_PROXY) {
-            /* Landlock's port rules hold TCP only, so nothing else may be
-             * made: no UDP, raw, SCTP or MPTCP socket. */
-            emit(&p, BPF_LD | BPF_W | BPF_ABS, ARG_LO(1), L_NONE, L_NONE);
-            emit(&p, BPF_ALU | BPF_AND | BPF_K, 0xf, L_NONE, L_NONE); /* minus NONBLOCK|CLOEXEC */
-            emit(&p, BPF_JMP | BPF_JEQ | BPF_K, SOCK_STREAM, L_NONE, L_SOCK_EPERM);
-            emit(&p, BPF_LD | BPF_W | BPF_ABS, ARG_LO(2), L_NONE, L_NONE);
-            JEQ(&p, 0, L_SOCK_ALLOW);
-            JEQ(&p, IPPROTO_TCP, L_SOCK_ALLOW);
-        }
-        label(&p, L_SOCK_EPERM);
-        emit(&p, BPF_RET | BPF_K, RET_ERRNO(EPERM), L_NONE, L_NONE);
-        if (what & SBX_SECCOMP_NET_PROXY) {
-            label(&p, L_SOCK_ALLOW);
-            emit(&p, BPF_RET | BPF_K, SECCOMP_RET_ALLOW, L_NONE, L_NONE);
-        }
+    JA(&p, L_ALLOW); /* everything else */
+
+    if (harden) {
+        /* No namespace, by flag; CLONE_FILES, CLONE_FS and the like are fine. */
+        label(&p, L_UNSHARE);
+        LD(&p, ARG_LO(0));
+        JSET(&p, SBX_CLONE_NEW_ANY | SBX_CLONE_NEWTIME, L_EPERM, L_ALLOW);
+        label(&p, L_CLONE);
+        LD(&p, ARG_LO(0));
+        JSET(&p, SBX_CLONE_NEW_ANY, L_EPERM, L_ALLOW);
+        /* No device node: mknod(path, mode, dev), mknodat(dir, path, mode, dev). */
+        label(&p, L_MKNOD);
+        LD(&p, ARG_LO(1));
+        JA(&p, L_DEV_MODE);
+        label(&p, L_MKNODAT);
+        LD(&p, ARG_LO(2));
+        label(&p, L_DEV_MODE);
+        emit(&p, BPF_ALU | BPF_AND | BPF_K, S_IFMT, L_NONE, L_NONE);
+        JEQ(&p, S_IFCHR, L_EPERM, L_NONE);
+        JEQ(&p, S_IFBLK, L_EPERM, L_ALLOW);
+        /* ioctl(fd, cmd, ...): cmd is an unsigned int to the kernel. */
+        label(&p, L_IOCTL);
+        LD(&p, ARG_LO(1));
+        JEQ(&p, SBX_TIOCSTI, L_EPERM, L_NONE);
+        JEQ(&p, SBX_TIOCLINUX, L_EPERM, L_NONE);
+        JEQ(&p, SBX_SIOCGSKNS, L_EPERM, L_ALLOW);
+        /* prlimit64(pid, resource, new, old): reading is fine; changing
+         * only our own (pid 0, what setrlimit passes). */
+        label(&p, L_PRLIMIT);
+        LD(&p, ARG_LO(0));
+        JEQ(&p, 0, L_ALLOW, L_NONE);
+        LD(&p, ARG_LO(2));
+        JEQ(&p, 0, L_NONE, L_EPERM);
+        LD(&p, ARG_HI(2));
+        JEQ(&p, 0, L_ALLOW, L_EPERM);
+        /* kill(pid, sig): not everyone (-1), not the caller or its group. */
+        label(&p, L_KILL);
+        LD(&p, ARG_LO(0));
+        JEQ(&p, 0xffffffffu, L_EPERM, L_NONE);
+        JEQ(&p, (unsigned)-caller_pgid, L_EPERM, L_NONE);
+        label(&p, L_SIGNAL);
+        LD(&p, ARG_LO(0));
+        JEQ(&p, (unsigned)caller, L_EPERM, L_ALLOW);
     }
+
+    /* socket(domain, type, protocol): integers, so seccomp can look. */
+    label(&p, L_SOCKET);
+    LD(&p, ARG_LO(0));
+    JEQ(&p, AF_UNIX, L_ALLOW, L_NONE);
+    JEQ(&p, AF_INET, L_INET, L_NONE);
+    JEQ(&p, AF_INET6, L_INET, L_NONE);
+    JEQ(&p, SBX_AF_NETLINK, L_NETLINK, L_EAFNOSUPPORT);
+    label(&p, L_NETLINK);
+    LD(&p, ARG_LO(2));
+    JEQ(&p, SBX_NETLINK_ROUTE, L_ALLOW, L_EPROTONOSUPPORT);
+    label(&p, L_INET);
+    if (what & SBX_SECCOMP_NET_DENY) {
+        JA(&p, L_EPERM);
+    } else if (what & SBX_SECCOMP_NET_PROXY) {
+        /* Landlock's port rules hold TCP only, so nothing else may be
+         * made: no UDP, raw, SCTP or MPTCP socket. */
+        LD(&p, ARG_LO(1));
+        emit(&p, BPF_ALU | BPF_AND | BPF_K, 0xf, L_NONE, L_NONE); /* minus NONBLOCK|CLOEXEC */
+        JEQ(&p, SOCK_STREAM, L_NONE, L_EPERM);
+        LD(&p, ARG_LO(2));
+        JEQ(&p, 0, L_ALLOW, L_NONE);
+        JEQ(&p, IPPROTO_TCP, L_ALLOW, L_EPERM);
+    }
+
+    label(&p, L_ALLOW);
+    RET(&p, SECCOMP_RET_ALLOW);
+    label(&p, L_EPERM);
+    RET(&p, RET_ERRNO(EPERM));
+    label(&p, L_ENOSYS);
+    RET(&p, RET_ERRNO(ENOSYS));
+    label(&p, L_EAFNOSUPPORT);
+    RET(&p, RET_ERRNO(EAFNOSUPPORT));
+    label(&p, L_EPROTONOSUPPORT);
+    RET(&p, RET_ERRNO(EPROTONOSUPPORT));
     {
         int rc = resolve(&p);
         if (rc < 0)
@@ -218,6 +374,8 @@ int sbx_seccomp_build(void *buf, size_t cap, size_t *n_out, int what)
     (void)cap;
     (void)n_out;
     (void)what;
+    (void)caller;
+    (void)caller_pgid;
     return -ENOSYS;
 #endif
 }
