@@ -94,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--deny-read", action="append", default=[], metavar="PATH")
     r.add_argument("--deny-write", action="append", default=[], metavar="PATH")
     r.add_argument(
+        "--terminal",
+        action="store_true",
+        help="with a policy, keep this terminal for the program (its session, job control, "
+        "Ctrl-C); by default a sandbox gets a session of its own",
+    )
+    r.add_argument(
         "--strict",
         action="store_true",
         help="refuse to run if anything asked for cannot be enforced",
@@ -208,13 +214,21 @@ def _limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Limits
 
 
 def _policy(args: argparse.Namespace) -> Policy | None:
-    if not (args.deny_network or args.writable or args.deny_read or args.deny_write or args.strict):
+    if not (
+        args.deny_network
+        or args.writable
+        or args.deny_read
+        or args.deny_write
+        or args.strict
+        or args.terminal
+    ):
         return None
     return Policy(
         network="deny" if args.deny_network else "allow",
         writable_roots=[os.path.abspath(p) for p in args.writable],
         deny_read=[os.path.abspath(p) for p in args.deny_read],
         deny_write=[os.path.abspath(p) for p in args.deny_write],
+        terminal=args.terminal,
         strict=args.strict,
     )
 
@@ -222,9 +236,11 @@ def _policy(args: argparse.Namespace) -> Policy | None:
 @contextlib.contextmanager
 def _foreground(pgid: int) -> Iterator[None]:
     """Hand the terminal to the sandbox's process group while it runs, as a
-    shell does, so that it can read the terminal and gets Ctrl-C itself."""
+    shell does, so that it can read the terminal and gets Ctrl-C itself.
+    Only a group of our session can have it: a policy sandbox has a session
+    of its own (--terminal keeps ours), and we forward Ctrl-C to it."""
     try:
-        tty = os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+        tty = os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp() and os.getsid(pgid) == os.getsid(0)
     except OSError:
         tty = False
     if not tty:

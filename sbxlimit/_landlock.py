@@ -86,18 +86,15 @@ def subtract(roots: Iterable[str], denied: Iterable[str]) -> list[str]:
                 continue
             cur = r
             for part in os.path.relpath(d, r).split("/"):
-                try:
-                    names = os.listdir(cur)
-                except OSError:
-                    names = []
                 # Not symlinks: a rule follows one to its target, which may
                 # be the very tree being carved out (pytest-current → ...).
                 # What a link points to gets its rights where it lives.
-                nxt.update(
-                    path
-                    for n in names
-                    if n != part and not os.path.islink(path := os.path.join(cur, n))
-                )
+                # (scandir: the entry's type comes with the listing.)
+                try:
+                    with os.scandir(cur) as it:
+                        nxt.update(e.path for e in it if e.name != part and not e.is_symlink())
+                except OSError:
+                    pass
                 cur = os.path.join(cur, part)
         out = nxt
     return sorted(out)

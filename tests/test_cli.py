@@ -230,3 +230,38 @@ def test_output_cap_keeps_stderr_apart_when_both_are_inherited():
     r = cli("run", "--output", "1Ki", "--", "sh", "-c", "echo out; echo err >&2")
     assert r.returncode == 0
     assert r.stdout == "out\n" and "err\n" in r.stderr
+
+
+# The CLI in a terminal's foreground, as a user runs it: a helper makes the
+# pty its controlling terminal, then becomes the CLI.
+IN_TERMINAL = """
+import os, sys
+os.setsid()
+fd = os.open(sys.argv[1], os.O_RDWR)  # the controlling terminal now
+for n in (0, 1, 2):
+    os.dup2(fd, n)
+os.execv(sys.executable, [sys.executable, "-m", "sbxlimit", *sys.argv[2:]])
+"""
+SESSION = "import os; print('own-session' if os.getsid(0) == os.getpid() else 'shared')"
+
+
+@pytest.mark.parametrize(("flags", "expected"), [([], "own-session"), (["--terminal"], "shared")])
+def test_a_policy_run_in_a_terminal(flags, expected):
+    import select
+
+    master, slave = os.openpty()
+    out = b""
+    try:
+        cmd = ["run", "--deny-network", *flags, "--", PY, "-c", SESSION]
+        p = subprocess.Popen([PY, "-c", IN_TERMINAL, os.ttyname(slave), *cmd])
+        while True:
+            done = p.poll() is not None
+            if select.select([master], [], [], 0.05)[0]:
+                out += os.read(master, 4096)
+            elif done:
+                break
+        assert p.wait(timeout=60) == 0, out
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert expected in out.decode(), out
