@@ -405,7 +405,7 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.tmpfs_sock = -1;
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
-         * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root):
+         * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev):
          * bytes, b"" for none; view: ((kind, path, data), ...).  The
          * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
@@ -413,11 +413,12 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         PyObject *view;
 
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiKOp;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOpp;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
-                              "tmpfs_landlock, view, view_ro_root)",
+                              "tmpfs_landlock, view, view_ro_root, view_dev)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
-                              &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root))
+                              &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root,
+                              &spec.view_dev))
             goto done;
         if (to_view(view, &st, &spec.n_view) < 0)
             goto done;

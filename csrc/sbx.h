@@ -31,7 +31,7 @@ enum sbx_step {
     SBX_STEP_NS_IDMAP,      /* "ns:idmap" (user namespace uid/gid maps) */
     SBX_STEP_NS_LOOPBACK,   /* "ns:loopback" (lo up in a new netns) */
     SBX_STEP_NS_MOUNT,      /* "ns:mount", detail: 0 slave, 1 tmpfs, 2 mkdir, 3 its fd */
-    SBX_STEP_NS_VIEW,       /* "ns:view", detail = index in view[] (-1: "/" read-only) */
+    SBX_STEP_NS_VIEW,       /* "ns:view", detail = index in view[] (-1: "/" read-only, -2: /dev) */
     SBX_STEP_NS_PID,        /* "ns:pid", detail: 0 PID 1's fork, 1 the target's */
     SBX_STEP_RLIMIT_CORE,   /* "rlimit:RLIMIT_CORE", detail = soft value */
     SBX_STEP_RLIMIT_CPU,
@@ -179,6 +179,7 @@ struct sbx_spec {
     const struct sbx_view *view;
     size_t n_view;
     int view_ro_root;
+    int view_dev; /* a /dev of its own (linux/namespaces.c, private_dev) */
 
     sbx_child_hook hook; /* non-NULL forces fork() instead of vfork() */
 

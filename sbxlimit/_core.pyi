@@ -73,6 +73,7 @@ def spawn(
         int,
         Sequence[tuple[int, bytes, bytes]],
         bool,
+        bool,
     ]
     | None,
     cgroup_dirfd: int,

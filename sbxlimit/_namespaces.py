@@ -31,21 +31,23 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def view(policy: Policy, workspace: str | None, shm_size: int | None) -> tuple[View, bool]:
+def view(policy: Policy, workspace: str | None, shm_size: int | None) -> tuple[View, bool, bool]:
     """The read-only view's entries for `policy` (csrc/sbx.h, struct
-    sbx_view), and whether "/" becomes read-only (not when it is a writable
-    root itself).  Paths are resolved here: the child follows no link."""
+    sbx_view); whether "/" becomes read-only (not when it is a writable root
+    itself); whether /dev is one of the sandbox's own (not when a writable
+    root holds it).  Paths are resolved here: the child follows no link."""
     real = os.path.realpath
     roots = [workspace] if workspace else []
     roots += policy.writable_roots
     rw = sorted({real(r) for r in roots}, key=lambda r: (r.count("/"), r))
     ro_root = "/" not in rw
+    own_dev = not any(_under("/dev", r) for r in rw)
     out: View = []
     for r in rw:
         if r != "/":
             kind = _core.VIEW_RW_DEV if _under("/dev", r) else _core.VIEW_RW
             out.append((kind, os.fsencode(r), b""))
-    if os.path.isdir("/dev/shm"):
+    if own_dev or os.path.isdir("/dev/shm"):
         # A private one: the host's is read-only in the view, and shared
         # memory of other processes is none of the sandbox's business.
         size = f",size={shm_size}" if shm_size else ""
@@ -64,7 +66,7 @@ def view(policy: Policy, workspace: str | None, shm_size: int | None) -> tuple[V
             out.append((_core.VIEW_HIDE_DIR, os.fsencode(path), b""))
         elif os.path.lexists(path):
             out.append((_core.VIEW_HIDE, os.fsencode(path), b""))
-    return out, ro_root
+    return out, ro_root, own_dev
 
 
 class Spawn:
@@ -103,9 +105,9 @@ class Spawn:
             self.child_end = child.detach()
         loopback = bool(flags & CLONE_NEWNET)
         entries: View = []
-        ro_root = False
+        ro_root = own_dev = False
         if plan.ro_view and policy is not None:
-            entries, ro_root = view(policy, workspace or policy.workdir, shm_size)
+            entries, ro_root, own_dev = view(policy, workspace or policy.workdir, shm_size)
         # Landlock skips the directory a mount hides: each tmpfs gets a rule
         # of its own in the child, with the rights the workspace has.
         ll = writable_rights(plan.landlock) if plan.landlock and (tmpfs or entries) else 0
@@ -121,6 +123,7 @@ class Spawn:
             ll,
             entries,
             ro_root,
+            own_dev,
         )
 
     def take_child_end(self) -> int:

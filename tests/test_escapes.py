@@ -294,6 +294,81 @@ def test_files_outside_the_writable_roots_keep_contents_mode_owner_and_times(vic
     assert r.enforced["files"].startswith(("mountns:ro-view", "userns+mountns:ro-view"))
 
 
+OWN_DEV = {
+    *("fd", "stdin", "stdout", "stderr", "ptmx", "pts", "shm"),
+    *("null", "zero", "full", "random", "urandom", "tty"),
+}
+
+
+@needs_ro_view
+def test_the_hosts_device_nodes_are_not_there():
+    host = set(os.listdir("/dev")) - OWN_DEV  # disks, loop devices, kmsg, kvm ...
+    got = attack(
+        f"""
+        out["dev"] = sorted(os.listdir("/dev"))
+        for name in {sorted(host)!r}:
+            path = "/dev/" + name
+            attempt("open " + name, lambda: open(path, "rb").close())
+        attempt("make", lambda: open("/dev/new", "w"))
+        with open("/dev/null", "w") as f:
+            f.write("fine")
+        out["urandom"] = len(open("/dev/urandom", "rb").read(8))
+        """
+    )
+    assert set(got.pop("dev")) == OWN_DEV  # type: ignore[arg-type]
+    assert got.pop("urandom") == 8
+    assert "ok" not in got.values(), got
+
+
+def test_another_terminal_of_the_user_cannot_be_read():
+    # A terminal of the caller's: what the user types there is for it alone.
+    master, slave = os.openpty()
+    try:
+        os.write(master, b"my password\n")
+        got = attack(
+            f"""
+            fd = attempt("open", os.open, {os.ttyname(slave)!r}, os.O_RDWR | os.O_NONBLOCK)
+            if fd is not None:
+                attempt("read", os.read, fd, 100)
+            """
+        )
+        assert got["open"] != "ok" or got.get("read") != "ok", got
+        os.set_blocking(slave, False)
+        assert os.read(slave, 100) == b"my password\n"  # still there, unread
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_other_processes_roots_lead_nowhere(victim_file):
+    before = snapshot(victim_file)
+    got = attack(
+        f"""
+        for who in (os.getppid(), 1):
+            path = "/proc/%d/root{victim_file}" % who
+            attempt("write via %d" % (who == 1), lambda: open(path, "a").write("pwned"))
+            attempt("environ %d" % (who == 1), lambda: open("/proc/%d/environ" % who).read())
+        """
+    )
+    assert "ok" not in got.values(), got
+    assert snapshot(victim_file) == before
+
+
+def test_shared_memory_and_semaphores_work_inside():
+    got = attack(
+        """
+        import multiprocessing, multiprocessing.shared_memory
+        attempt("lock", multiprocessing.Lock)
+        shm = attempt(
+            "shm", lambda: multiprocessing.shared_memory.SharedMemory(create=True, size=4096)
+        )
+        if shm is not None:
+            shm.close(); shm.unlink()
+        """
+    )
+    assert got == {"lock": "ok", "shm": "ok"}
+
+
 # -- 3. other processes: signals, limits ------------------------------------------
 
 

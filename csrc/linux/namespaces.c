@@ -13,7 +13,8 @@
  * bound back as the host has them (nosuid, nodev), protected paths are
  * re-bound read-only on top, and deny_read paths are covered (an empty
  * read-only tmpfs, or /dev/null): their contents, names and sockets are gone
- * for the program.  This is the file rules' first layer, and the only one
+ * for the program; /dev holds only null, zero, full, random, urandom, tty,
+ * a pty instance and shm of its own.  This is the file rules' first layer, and the only one
  * on a kernel without Landlock; it needs the new mount API (Linux 5.12:
  * open_tree, move_mount, mount_setattr), which sets flags on a whole tree
  * at once.  The writable trees are cloned before "/" turns read-only, so
@@ -233,6 +234,88 @@ static void view_begin_child(const struct sbx_child_ctx *ctx)
 
 static int allow_root(const struct sbx_spec *s, const char *path);
 
+/* A /dev of its own: a read-only tmpfs holding only what programs need,
+ * the host's device nodes bound in one by one, a devpts instance of its
+ * own (no pty of the host's to read or type into), and a private /dev/shm
+ * (a SBX_VIEW_TMPFS entry).  The host's /dev would give a root program its
+ * raw disks (reads past deny_read; writes where Landlock is missing), and
+ * any program every terminal of its user.  As bubblewrap's --dev does. */
+static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+#define N_DEV_NODES (sizeof dev_nodes / sizeof dev_nodes[0])
+
+static int dev_path(char *buf, size_t size, const char *name)
+{
+    size_t n = strlen(name);
+
+    if (n + 6 > size)
+        return -1;
+    memcpy(buf, "/dev/", 5);
+    memcpy(buf + 5, name, n + 1);
+    return 0;
+}
+
+static int private_dev(const struct sbx_spec *s)
+{
+    static const char *const links[][2] = {
+        {"/proc/self/fd", "/dev/fd"},       {"/proc/self/fd/0", "/dev/stdin"},
+        {"/proc/self/fd/1", "/dev/stdout"}, {"/proc/self/fd/2", "/dev/stderr"},
+        {"pts/ptmx", "/dev/ptmx"},
+    };
+    int fds[N_DEV_NODES];
+    char path[32];
+    size_t i;
+    int saved = 0;
+
+    /* The host's nodes first: the tmpfs hides them. */
+    for (i = 0; i < N_DEV_NODES; i++) {
+        if (dev_path(path, sizeof path, dev_nodes[i]) < 0)
+            return -1;
+        fds[i] = clone_tree(path, 0);
+        if (fds[i] < 0 && errno != ENOENT) {
+            saved = errno;
+            goto out;
+        }
+    }
+    if (mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") <
+        0) {
+        saved = errno;
+        goto out;
+    }
+    for (i = 0; i < N_DEV_NODES; i++) {
+        int fd;
+
+        if (fds[i] < 0)
+            continue;
+        (void)dev_path(path, sizeof path, dev_nodes[i]);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 || close(fd) < 0 || attach(fds[i], path, 0) < 0) {
+            saved = errno;
+            goto out;
+        }
+    }
+    if (mkdir("/dev/pts", 0755) < 0 || mkdir("/dev/shm", 01777) < 0 ||
+        mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+              "newinstance,ptmxmode=0666,mode=0620") < 0 ||
+        allow_root(s, "/dev/pts") < 0) {
+        saved = errno;
+        goto out;
+    }
+    for (i = 0; i < sizeof links / sizeof links[0]; i++) {
+        if (symlink(links[i][0], links[i][1]) < 0) {
+            saved = errno;
+            goto out;
+        }
+    }
+    if (set_attr(AT_FDCWD, "/dev", 0, SBX_MOUNT_ATTR_RDONLY) < 0)
+        saved = errno;
+out:
+    for (i = 0; i < N_DEV_NODES; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    errno = saved;
+    return saved ? -1 : 0;
+}
+
 /* Protected paths, hidden paths, private tmpfs: in the order given. */
 static int view_entry(const struct sbx_spec *s, const struct sbx_view *v)
 {
@@ -258,6 +341,8 @@ static void view_finish_child(const struct sbx_child_ctx *ctx)
     const struct sbx_spec *s = ctx->spec;
     size_t i;
 
+    if (s->view_dev)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -2, private_dev(s));
     for (i = 0; i < s->n_view; i++) {
         if (s->fail_step == SBX_STEP_NS_VIEW)
             sbx_child_fail(ctx, SBX_STEP_NS_VIEW, s->fail_errno, (int64_t)i);
@@ -492,7 +577,7 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
             SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 2, mkdir(s->tmpfs_mkdir, 0700));
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 3, publish_root(s));
     }
-    if ((s->ns_flags & CLONE_NEWNS) && s->n_view)
+    if ((s->ns_flags & CLONE_NEWNS) && (s->n_view || s->view_dev))
         view_finish_child(ctx);
     if (s->ns_flags & CLONE_NEWPID)
         enter_pid_ns(ctx);
