@@ -269,6 +269,10 @@ class Pump:
         self.count = 0  # bytes the program wrote
         self.passed = 0  # bytes passed on
         self.pending = bytearray()
+        # An incomplete UTF-8 sequence at the end of what was passed on: held
+        # until the next read completes it (or the stream ends), so that a
+        # cut between two writes cannot leave half a character behind.
+        self.held = b""
         self.discarding = False
         self.close_after_flush = False
         self.src_eof = False
@@ -354,6 +358,8 @@ class Pump:
         if not data:
             self.src_eof = True
             self._close_src()
+            self.pending += self.held  # the stream ends as the program wrote it
+            self.held = b""
             self._flush()
             return
         self.count += len(data)
@@ -372,12 +378,16 @@ class Pump:
             return
         room = self.cap - self.passed
         if len(data) <= room:
-            self.pending += data
+            whole = self.held + data
+            done = _utf8_cut(whole)
+            self.pending += done
+            self.held = whole[len(done) :]
             self.passed += len(data)
         else:
-            keep = _utf8_cut(data[:room])
+            keep = _utf8_cut(self.held + data[:room])
             self.pending += keep
-            self.passed += len(keep)
+            self.passed += len(keep) - len(self.held)
+            self.held = b""
             self.discarding = True
             self.close_after_flush = True
             assert self.watch is not None

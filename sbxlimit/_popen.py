@@ -110,6 +110,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _sbx_target: Callable[[], Any] | None = None  # see sbxlimit._forked
     _sbx_profile_file: str | None = None  # macOS: a profile too large for argv
     _sbx_audit_key: str | None = None
+    _sbx_program = "the program"  # program_name(), set when the child is made
     _sbx_warn_at: float | None = 0.9
     _sbx_workspace: str | None = None  # the private workspace, until close()
     _sbx_ws_fd = -1  # the size-capped tmpfs over it (mount namespace): its root
@@ -204,6 +205,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             warn_downgrades(p)
 
     @property
+    def program(self) -> str:
+        """The program's name as messages and audit events show it: the
+        executable's base name, never its arguments or a shell command
+        line."""
+        return self._sbx_program.strip("`")
+
+    @property
     def sandbox_id(self) -> str:
         """A short id, unique in this process, for logs and audit events."""
         if self._sbx_id is None:
@@ -238,6 +246,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         start_new_session: bool,
         process_group: int,
     ) -> None:
+        # The name messages and audit events use: never argv beyond it, never
+        # a shell command line (both may hold secrets).
+        if self._sbx_target is None:
+            self._sbx_program = program_name(args, shell=shell, executable=executable)
+        else:  # a forked callable: its label, nothing is executed
+            self._sbx_program = program_name(args)
         if isinstance(args, (str, bytes)):
             args = [args]
         elif isinstance(args, os.PathLike):
@@ -702,7 +716,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         return {
             "sandbox_id": self.sandbox_id,
             "key": self._sbx_audit_key,
-            "program": program_name(self.args).strip("`"),
+            "program": self._sbx_program.strip("`"),
         }
 
     def _sbx_audit_spawn(self) -> None:
@@ -810,9 +824,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     def wait(self, timeout: float | None = None) -> int:
         """As subprocess's wait(); a sandbox whose capped output goes to a
         file, the terminal or a foreign pipe is also done passing it on."""
+        end = None if timeout is None else time.monotonic() + timeout
         rc: int = super().wait(timeout)
         for pump in self._sbx_flush:
-            if not pump.done.wait(timeout):
+            # One deadline for the whole wait, as subprocess has.
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not pump.done.wait(left):
                 raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
         return rc
 
@@ -927,9 +944,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         # zombie still pins the group id (see _try_wait).
         self._sbx_kill_group = self._sbx_pgid
         if self.poll() is None:
-            self._sbx_killed_by_caller = True
-            if self._sbx_plan.active and audit.active():
-                audit.emit("killed", detail="kill_tree", **self._sbx_audit_fields())
+            self._sbx_caller_kills()
             sig = signal.SIGTERM if grace > 0 else signal.SIGKILL
             signal_tree(self.pid, sig, self._sbx_pgid, self._sbx_cgroup)
             try:
@@ -938,6 +953,16 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 if self.poll() is None:
                     signal_tree(self.pid, signal.SIGKILL, self._sbx_pgid, self._sbx_cgroup)
                 self.wait()
+
+    def _sbx_caller_kills(self) -> None:
+        """The caller ends the sandbox (kill_tree(), a cancelled asyncio
+        wait): termination says so, and one `killed` event does."""
+        self._sbx_kill_group = self._sbx_pgid
+        if self._sbx_killed_by_caller:
+            return
+        self._sbx_killed_by_caller = True
+        if self._sbx_plan.active and audit.active():
+            audit.emit("killed", detail="kill_tree", **self._sbx_audit_fields())
 
     def usage(self) -> Usage:
         """What the sandbox used: live while it runs, final once reaped."""
@@ -996,7 +1021,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if o is None:
             lim = self.limits
             o = self._sbx_final = Outcome(
-                args=self.args,
+                program=self._sbx_program,
                 returncode=self.returncode if self.returncode is not None else 0,
                 rusage=self._sbx_rusage,
                 wall=(self._sbx_end or time.monotonic()) - self._sbx_start,

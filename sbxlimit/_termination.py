@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import resource
 import signal as _signal
 import sys
@@ -138,12 +139,28 @@ class Termination:
         return d
 
 
-def program_name(args: Any) -> str:
-    """The program's name only, for messages: argv beyond it may hold secrets."""
-    if isinstance(args, (str, bytes)):
-        words = os.fsdecode(args).split()
-        first = words[0] if words else ""
-    elif isinstance(args, os.PathLike):
+_PLAIN_WORD = re.compile(r"[\w.+/-]+")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def program_name(args: Any, *, shell: bool = False, executable: Any = None) -> str:
+    """The program's name only, for messages and audit events: argv beyond
+    it may hold secrets, and so may a shell command line (``TOKEN=... cmd``,
+    a pipeline, a script).  With ``shell=True`` the name is the first
+    command word that is not an assignment, if it is a plain word, else the
+    shell's name; ``executable=`` names the program that really runs."""
+    if shell:
+        line = os.fsdecode(args if isinstance(args, (str, bytes)) else (args[0] if args else ""))
+        words = line.split()
+        while words and _ASSIGNMENT.match(words[0]):
+            words.pop(0)
+        if words and _PLAIN_WORD.fullmatch(words[0]):
+            first = words[0]
+        else:
+            first = os.fsdecode(executable) if executable is not None else "/bin/sh"
+    elif executable is not None:
+        first = os.fsdecode(executable)
+    elif isinstance(args, (str, bytes, os.PathLike)):
         first = os.fsdecode(args)
     else:
         first = os.fsdecode(args[0]) if args else ""
@@ -267,8 +284,15 @@ def classify(
         if sig == _signal.SIGXCPU:
             return ended("cpu_time", cpu_time_limit, cpu_used, mech)
         # The hard limit (soft + 1 s) kills with SIGKILL a program that
-        # caught or ignored SIGXCPU; rusage proves the CPU was used.
-        if sig == _signal.SIGKILL and cpu_used is not None and cpu_used >= cpu_time_limit:
+        # caught or ignored SIGXCPU; rusage proves the CPU was used.  Not
+        # when the caller's kill_tree() sent the SIGKILL: rusage counts the
+        # children it reaped too, so it proves nothing about the limit.
+        if (
+            sig == _signal.SIGKILL
+            and not killed_by_caller
+            and cpu_used is not None
+            and cpu_used >= cpu_time_limit
+        ):
             return ended("cpu_time", cpu_time_limit, cpu_used, mech)
     if sig is not None and file_size_limit is not None and sig == _signal.SIGXFSZ:
         return ended(
@@ -315,7 +339,6 @@ class Outcome:
     __slots__ = (
         "_termination",
         "_usage",
-        "args",
         "cgroup",
         "created",
         "disk",
@@ -324,6 +347,7 @@ class Outcome:
         "killed_by_caller",
         "limits",
         "parent_maxrss",
+        "program",
         "returncode",
         "rusage",
         "wall",
@@ -333,7 +357,7 @@ class Outcome:
     def __init__(
         self,
         *,
-        args: Any,
+        program: str,
         returncode: int,
         rusage: Any,
         wall: float,
@@ -346,7 +370,7 @@ class Outcome:
         disk: int | None = None,
         disk_full: bool = False,
     ) -> None:
-        self.args = args
+        self.program = program
         self.disk = disk
         self.disk_full = disk_full
         self.cgroup = cgroup
@@ -407,7 +431,7 @@ class Outcome:
         if self._termination is None:
             w, lim = self.watch, self.limits
             self._termination = classify(
-                program=program_name(self.args),
+                program=self.program,
                 returncode=self.returncode,
                 cpu_time_limit=lim.cpu_time if lim else None,
                 file_size_limit=lim.file_size if lim else None,

@@ -27,6 +27,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,6 +57,7 @@ class Process:
         self._limit = limit
         self._exited: asyncio.Future[int] = loop.create_future()
         self._pidfd = -1
+        self._pidfd_closer: weakref.finalize[Any, Any] | None = None
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
@@ -91,6 +93,9 @@ class Process:
             except OSError:
                 self._pidfd = -1
         if self._pidfd >= 0:
+            # Closed at the exit, or with this object if the loop is gone
+            # first (a closed loop forgets its readers, and us with them).
+            self._pidfd_closer = weakref.finalize(self, os.close, self._pidfd)
             self._loop.add_reader(self._pidfd, self._check_exit)
         else:
             self._loop.call_soon(self._check_exit)
@@ -106,7 +111,8 @@ class Process:
             return
         if self._pidfd >= 0:
             self._loop.remove_reader(self._pidfd)
-            os.close(self._pidfd)
+            assert self._pidfd_closer is not None
+            self._pidfd_closer()
             self._pidfd = -1
         self._exited.set_result(rc)
 
@@ -160,8 +166,7 @@ class Process:
     def _kill_now(self) -> None:
         p = self._popen
         if not self._exited.done():
-            p._sbx_killed_by_caller = True
-            p._sbx_kill_group = p._sbx_pgid
+            p._sbx_caller_kills()
             signal_tree(p.pid, signal.SIGKILL, p._sbx_pgid, p._sbx_cgroup)
 
     async def kill_tree(self, grace: float | str | None = None) -> int:
@@ -174,8 +179,7 @@ class Process:
         g = parse_seconds("grace", grace, allow_zero=True)
         if self._exited.done():
             return int(self._exited.result())
-        p._sbx_killed_by_caller = True
-        p._sbx_kill_group = p._sbx_pgid
+        p._sbx_caller_kills()
         if g > 0:
             signal_tree(p.pid, signal.SIGTERM, p._sbx_pgid, p._sbx_cgroup)
             try:
@@ -220,6 +224,20 @@ class _WriteProtocol(asyncio.streams.FlowControlMixin, asyncio.Protocol):
 
     def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
         return self._closed
+
+
+class _Admitted(Popen):
+    """A Popen that holds an admission made before it (asyncio queues for
+    room without blocking the loop): given back when the program exits,
+    reaped or not, or now if the spawn fails, as Popen(quota=...) does."""
+
+    def __init__(self, admission: Any, *args: Any, **kwargs: Any) -> None:
+        self._sbx_quota = admission
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            self._sbx_quota_release()  # a bad argument, before any spawn
+            raise
 
 
 async def _read(stream: asyncio.StreamReader | None) -> bytes | None:
@@ -281,22 +299,17 @@ async def _create(
             raise ConfigError("quota", quota, "expected a sbxlimit.Quota")
         # Queue for room without blocking the loop; Popen then holds it.
         admission = await quota.aadmit(Limits.coerce(limits), key=kwds.get("audit_key"))
-    try:
-        p = Popen(
-            args,
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            bufsize=0,
-            limits=limits,
-            policy=policy,
-            **kwds,
-        )
-    except BaseException:
-        if admission is not None:
-            admission.release()
-        raise
-    p._sbx_quota = admission
+    p = _Admitted(
+        admission,
+        args,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        bufsize=0,
+        limits=limits,
+        policy=policy,
+        **kwds,
+    )
     proc = Process(p, loop, limit)
     try:
         await proc._connect()

@@ -856,7 +856,8 @@ class Sandboxes:
 
         limits, policy = self._split(kwargs)
         result = run(args, limits=limits, policy=policy, **kwargs)
-        what = program_name(result.args)
+        shell, exe = kwargs.get("shell", False), kwargs.get("executable")
+        what = program_name(result.args, shell=shell, executable=exe)
         self._records.append(_record(self.nodeid, what, result.usage, result.termination))
         return result
 
@@ -873,8 +874,6 @@ class Sandboxes:
     def _end(self, phase: str | None) -> str:
         """Kill and close the sandboxes started here (in `phase`, or all);
         a message naming those that were still running, or ''."""
-        from ._termination import program_name
-
         me = os.getpid()
         keep: list[tuple[Popen, str, int]] = []
         leaked: list[str] = []
@@ -884,16 +883,14 @@ class Sandboxes:
                 keep.append(entry)
                 continue
             if p.poll() is None:
-                leaked.append(f"pid {p.pid} ({program_name(p.args)})")
+                leaked.append(f"pid {p.pid} (`{p.program}`)")
             try:
                 p.kill_tree(grace=0)
             finally:
                 for stream in (p.stdin, p.stdout, p.stderr):
                     if stream is not None:
                         stream.close()
-            self._records.append(
-                _record(self.nodeid, program_name(p.args), p.usage(), p.termination)
-            )
+            self._records.append(_record(self.nodeid, f"`{p.program}`", p.usage(), p.termination))
         self._started = keep
         if not leaked:
             return ""

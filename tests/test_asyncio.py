@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -152,3 +153,64 @@ def test_bad_input_raises_before_any_process():
         arun(main())
     with pytest.raises(ValueError, match="bytes"):
         arun(sa.create_subprocess_exec("true", text=True))
+
+
+def _pidfds() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+        except OSError:
+            pass
+    return n
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds on this platform")
+def test_a_loop_closed_before_its_processes_leaves_no_pidfd():
+    import gc
+
+    async def start_and_leave() -> list[int]:
+        # Still running when the loop closes: nobody sees them exit.
+        procs = [
+            await sa.create_subprocess_exec("sleep", "0.3", limits={"wall_time": 10})
+            for _ in range(10)
+        ]
+        return [p.pid for p in procs]
+
+    before = _pidfds()
+    pids = []
+    for _ in range(3):
+        pids += arun(start_and_leave())
+        gc.collect()
+    assert wait_gone(pids) == []
+    assert _pidfds() <= before
+    _reap_dropped(pids)
+
+
+def test_quota_room_comes_back_when_the_program_exits_without_the_loop():
+    q = sbxlimit.Quota(max_sandboxes=1)
+
+    async def start() -> int:
+        p = await sa.create_subprocess_exec("sleep", "0.3", limits={"wall_time": 10}, quota=q)
+        return p.pid
+
+    pid = arun(start())  # the loop closes; nobody awaits the program
+    assert wait_gone([pid]) == []
+    deadline = time.monotonic() + 5
+    while q.in_use().get("sandboxes") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not q.in_use().get("sandboxes"), q.in_use()
+    _reap_dropped([pid])
+
+
+def _reap_dropped(pids: list[int]) -> None:
+    """Popens dropped unreaped are reaped by the next one made (as
+    subprocess does), once the supervisor lets go of them too: make one
+    until the zombies are gone, so that nothing is left to the session."""
+    import gc
+
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+        gc.collect()
+        sbxlimit.run(["true"])
+        time.sleep(0.02)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
 import sys
 import threading
 import time
@@ -102,6 +103,49 @@ def test_no_secret_ever_reaches_an_event(events, caplog, monkeypatch):
         assert SECRET not in record.getMessage()
         assert SECRET not in json.dumps(getattr(record, "sbx_event", {}), default=str)
     assert any(hasattr(r, "sbx_event") for r in caplog.records)
+
+
+# How a secret rides along on a command line: a shell assignment, a script,
+# argv[0] with executable=, argv beyond the name, the environment.
+SECRET_CALLS = [
+    ({"args": f"API_TOKEN={SECRET} sh -c 'exit 3'", "shell": True}, "`sh`"),
+    ({"args": [f"echo token={SECRET} | grep -q x; exit 3"], "shell": True}, "`echo`"),
+    ({"args": f"'{SECRET}'; exit 3", "shell": True}, "`sh`"),
+    ({"args": f"exit 3 # {SECRET}", "shell": True, "executable": "/bin/dash"}, "`exit`"),
+    ({"args": [f"{SECRET}-as-argv0", "-c", "exit 3"], "executable": "/bin/sh"}, "`sh`"),
+    ({"args": ["/bin/sh", "-c", f"exit 3 # {SECRET}"]}, "`sh`"),
+    ({"args": ["sh", "-c", "exit 3"], "env": {"PATH": "/usr/bin:/bin", "TOKEN": SECRET}}, "`sh`"),
+]
+
+
+@pytest.mark.parametrize(("call", "name"), SECRET_CALLS)
+def test_no_secret_from_a_command_line_in_messages_or_events(call, name, events, caplog):
+    caplog.set_level(logging.INFO, logger="sbxlimit.audit")
+    kw = dict(call)
+    args = kw.pop("args")
+    r = sbxlimit.run(args, limits={"memory": "64Mi", "wall_time": 10}, capture_output=True, **kw)
+    assert r.returncode == 3
+    t = r.termination
+    assert t.message == f"{name} exited with status 3."
+    with pytest.raises(sbxlimit.CalledProcessError):
+        r.check_returncode()
+    shown = [t.message, repr(t), json.dumps(t.to_dict()), json.dumps(r.usage.to_dict())]
+    shown += [json.dumps(e.to_dict(), default=str) for e in events]
+    shown += [r.getMessage() for r in caplog.records]
+    assert {e.program for e in events} == {name.strip("`")}
+    assert not [text for text in shown if SECRET in text]
+
+
+def test_no_secret_from_a_command_line_in_the_cli():
+    run = ["run", "--memory", "64Mi", "--timeout", "0.3s", "--json"]
+    r = subprocess.run(
+        [PY, "-m", "sbxlimit", *run, "--", "sh", "-c", f"sleep 5 # {SECRET}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 124 and "`sh`" in r.stderr
+    assert SECRET not in r.stderr and SECRET not in r.stdout
 
 
 def test_json_lines_sink(tmp_path):
@@ -225,3 +269,23 @@ def test_subscribers_may_call_back_without_deadlock():
     finally:
         unsubscribe()
     assert ("gate_denied", 1, 0) in seen and ("quota_denied", 0, 1) in seen
+
+
+def test_asyncio_kills_emit_killed(events):
+    async def main() -> None:
+        p = await sa.create_subprocess_exec("sleep", "30", limits={"wall_time": 60})
+        await p.kill_tree(grace=0)
+        p = await sa.create_subprocess_exec("sleep", "30", limits={"wall_time": 60})
+        waiter = asyncio.ensure_future(p.wait())
+        await asyncio.sleep(0.05)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await p._exited
+        with pytest.raises(subprocess.TimeoutExpired):
+            await sa.run(["sleep", "30"], timeout=0.1, limits={"wall_time": 60})
+
+    asyncio.run(main())
+    killed = [e for e in events if e.name == "killed"]
+    assert [e.detail for e in killed] == ["kill_tree"] * 3
+    assert len({e.sandbox_id for e in killed}) == 3

@@ -319,3 +319,25 @@ def test_entry_point_is_registered() -> None:
         "run pip install -e '.[test]' to register the entry point"
     )
     assert "sbxlimit.pytest_plugin" in sys.modules
+
+
+SECRET = "s3cr3t-t0ken-do-not-leak"
+SECRETS = f"""
+import subprocess
+
+def test_shell_run(sbx):
+    r = sbx.run("API_TOKEN={SECRET} sh -c 'exit 3'", shell=True, wall_time="20s")
+    assert r.returncode == 3
+
+def test_leaked_shell(sbx):
+    sbx.popen("TOKEN={SECRET} sleep 30", shell=True, stdout=subprocess.DEVNULL)
+"""
+
+
+def test_no_secret_from_a_command_line_in_the_report(inner: pytest.Pytester) -> None:
+    inner.makepyfile(test_s=SECRETS)
+    result = inner.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "--sbxlimit-report")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*pid * (`sleep`) outlived the test and was killed*"])
+    result.stdout.fnmatch_lines(["*test_s.py::test_shell_run (`sh`)"])
+    assert SECRET not in result.stdout.str() and SECRET not in result.stderr.str()

@@ -50,6 +50,24 @@ def test_cpu_time_hard_limit_kills_a_program_ignoring_sigxcpu():
     assert time.monotonic() - t0 < 10
 
 
+def test_kill_tree_is_not_a_cpu_time_hit():
+    # Two children use 1.4 s of CPU between them, under 1 s each; the
+    # leader's rusage counts both once it has reaped them.
+    spin = "while time.process_time() - t < 0.7: pass"
+    busy = f"{PY} -c 'import time; t = time.process_time(); exec(\"{spin}\")'"
+    with sbxlimit.Popen(
+        ["sh", "-c", f"{busy}; {busy}; echo ready; exec sleep 100"],
+        limits=Limits(cpu_time=1, wall_time=30),
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as p:
+        assert p.stdout.readline() == "ready\n"
+        p.kill_tree(grace=0)
+    t = p.termination
+    assert (t.reason, t.is_limit, t.signal) == ("signaled", False, 9), t
+    assert "kill_tree() was called" in t.message
+
+
 def test_cpu_time_under_limit_runs():
     r = run_py("sum(range(10**5))", limits=Limits(cpu_time=5))
     assert r.returncode == 0 and r.termination.reason == "exited"

@@ -174,6 +174,32 @@ def test_output_cap_text_mode_does_not_break_utf8():
     assert r.stdout.startswith("é" * 5000) and "truncated" in r.stdout
 
 
+# 'é' is two bytes; the cap falls between them, and so does the pause
+# between the program's two writes.
+SPLIT_CHAR = (
+    "import os, time\nos.write(1, b'abcd\\xc3')\ntime.sleep(0.3)\n"
+    "os.write(1, b'\\xa9' + 'é'.encode() * 10)\ntime.sleep(0.3)"
+)
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_output_cap_between_two_writes_of_one_character(truncate):
+    r = run_py(
+        SPLIT_CHAR,
+        limits=Limits(output=5, truncate_output=truncate),
+        capture_output=True,
+        text=True,
+    )
+    assert r.termination.reason == ("exited" if truncate else "output")
+    mark = "\n[sbxlimit: output truncated at 5 bytes]\n" if truncate else ""
+    assert r.stdout == "abcd" + mark
+
+
+def test_a_character_split_across_writes_passes_whole():
+    r = run_py(SPLIT_CHAR, limits=Limits(output=100), capture_output=True, text=True)
+    assert r.stdout == "abcdé" + "é" * 10
+
+
 def test_output_cap_to_a_file_and_to_a_foreign_pipe(tmp_path):
     with open(tmp_path / "out", "wb") as f:
         r = run_py(FLOOD, limits=Limits(output="32Ki"), stdout=f)
@@ -479,3 +505,44 @@ def test_setup_errors_pickle_with_their_errno_class():
     e2 = pickle.loads(pickle.dumps(e))
     assert type(e2) is type(e) and isinstance(e2, PermissionError)
     assert (e2.step, e2.errno, e2.detail) == ("setuid", 1, 1000)
+
+
+def _drain_slowly(fd: int, pause: float) -> None:
+    while os.read(fd, 16 << 10):
+        time.sleep(pause)
+
+
+def test_wait_timeout_is_one_deadline_for_every_stream():
+    # The program's capped streams go to pipes of ours whose readers drain
+    # slowly: the program is done after about 0.5 s, stdout's pump after
+    # about 0.6 s, stderr's after about 1.4 s.  wait(timeout=1.0) must give
+    # up after 1 s, not give each stream the whole timeout again (and then
+    # return late without raising).
+    outs = [os.pipe() for _ in range(2)]
+    code = "import os\nfor fd in (1, 2): os.write(fd, b'x' * (240 << 10))"
+    readers = [
+        threading.Thread(target=_drain_slowly, args=(outs[0][0], 0.05)),
+        threading.Thread(target=_drain_slowly, args=(outs[1][0], 0.13)),
+    ]
+    try:
+        p = sbxlimit.Popen(
+            [PY, "-c", code],
+            limits=Limits(output="4Mi", wall_time=30),
+            stdout=outs[0][1],
+            stderr=outs[1][1],
+        )
+        for _r, w in outs:
+            os.close(w)
+        t0 = time.monotonic()
+        for t in readers:
+            t.start()
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=1.0)
+        took = time.monotonic() - t0
+        p.wait()
+    finally:
+        for t in readers:
+            t.join()
+        for r, _w in outs:
+            os.close(r)
+    assert took < 1.3, f"wait(timeout=1.0) raised after {took:.1f} s"
