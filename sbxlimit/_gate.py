@@ -43,7 +43,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 from . import audit
 from ._errors import CallTimeout, ConcurrencyLimited, ConfigError, RateLimited, _key_text
 from ._limits import MANIFEST_DEFAULTS, Count, Duration
-from ._units import parse_count, parse_rate, parse_seconds
+from ._units import MAX_SECONDS, parse_count, parse_rate, parse_seconds
 
 __all__ = ["Gate", "GateCall", "GateStats"]
 
@@ -100,6 +100,8 @@ def _parse_timeout_ms(value: object) -> float:
         raise ConfigError("timeout_ms", value, "expected milliseconds as a number, e.g. 5000")
     if not math.isfinite(value) or value <= 0:
         raise ConfigError("timeout_ms", value, "must be a positive, finite number of milliseconds")
+    if value / 1000.0 > MAX_SECONDS:
+        raise ConfigError("timeout_ms", value, f"is too large (at most {MAX_SECONDS * 1000:.0f})")
     return value / 1000.0
 
 

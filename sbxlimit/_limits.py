@@ -277,7 +277,8 @@ def coerce_fields(cls: type[_T], value: object, arg: str) -> _T | None:
     if isinstance(value, Mapping):
         unknown = set(value) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         if unknown:
-            raise ConfigError(arg, sorted(unknown), f"unknown {cls.__name__} field(s)")
+            # repr: keys of any type (an int among strs cannot be sorted as is)
+            raise ConfigError(arg, sorted(map(repr, unknown)), f"unknown {cls.__name__} field(s)")
         return cls(**value)
     raise ConfigError(
         arg, value, f"expected sbxlimit.{cls.__name__}, a dict of its fields, or None"

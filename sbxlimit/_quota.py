@@ -132,9 +132,15 @@ class Quota:
             _audit_denied(e)  # outside the lock: a subscriber may use the quota
             raise
 
+    def _wait_for(self, wait: Any) -> float | None:
+        """A call's `wait` in seconds (the quota's own by default)."""
+        if wait is _DEFAULT:
+            return self.wait
+        return None if wait is None else parse_seconds("wait", wait, allow_zero=True)
+
     def _admit_locked(self, limits: Limits | None, key: Hashable, wait: Any) -> Admission:
         need = self._needs(limits)
-        wait = self.wait if wait is _DEFAULT else wait
+        wait = self._wait_for(wait)
         with self._cond:
             bad = self._never_fits(need)
             if bad is not None:
@@ -159,7 +165,7 @@ class Quota:
 
     async def _aadmit(self, limits: Limits | None, key: Hashable, wait: Any) -> Admission:
         need = self._needs(limits)
-        wait = self.wait if wait is _DEFAULT else wait
+        wait = self._wait_for(wait)
         deadline = None if wait is None else time.monotonic() + wait
         delay = 0.005
         while True:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import threading
 from decimal import ROUND_CEILING, Decimal
 
 from ._errors import ConfigError
@@ -43,6 +44,12 @@ _BYTE_UNITS = {
     "Ei": 2**60,
 }
 _MAX_INT = 2**63 - 1
+# The longest duration anything accepts: what a thread may wait for
+# (threading.TIMEOUT_MAX, about 292 years on Linux); beyond it a timer, a
+# wait or an rlimit would overflow.
+MAX_SECONDS = min(threading.TIMEOUT_MAX, float(2**62))
+# The most events a rate may allow per period (a float counts them exactly).
+MAX_RATE = 2**53
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKMGTPE]i?)?(B)?\s*$")
 _DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(us|ms|s|m|h|d)")
@@ -142,6 +149,8 @@ def parse_seconds(field: str, value: object, *, allow_zero: bool = False) -> flo
         raise ConfigError(field, value, "must not be negative")
     if seconds == 0 and not allow_zero:
         raise ConfigError(field, value, "must be greater than zero")
+    if seconds > MAX_SECONDS:
+        raise ConfigError(field, value, f"is too large (at most {MAX_SECONDS:.0f} s, ~292 years)")
     return seconds
 
 
@@ -213,6 +222,8 @@ def parse_rate(field: str, value: object) -> tuple[int, float]:
     count = int(m.group(1))
     if count < 1:
         raise ConfigError(field, value, "must allow at least one call")
+    if count > MAX_RATE:
+        raise ConfigError(field, value, f"is too large (at most {MAX_RATE} per period)")
     return count, _RATE_UNITS[m.group(2)]
 
 

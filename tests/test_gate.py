@@ -927,3 +927,29 @@ def test_from_manifest_errors_name_the_json_path(manifest, path, value):
     with pytest.raises(ConfigError) as info:
         Gate.from_manifest(manifest)
     check_config_error(info.value, path, value)
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: sbxlimit.Gate(max_concurrent=1, wait="200000d"), "Gate.wait"),
+        (lambda: sbxlimit.Gate(max_concurrent=1, timeout=1e12), "Gate.timeout"),
+        (lambda: sbxlimit.Gate(rate=f"{2**60}/second"), "Gate.rate"),
+        (lambda: sbxlimit.Quota(max_sandboxes=1, wait="200000d"), "Quota.wait"),
+    ],
+)
+def test_waits_and_rates_past_what_can_be_held_are_refused(make, field):
+    # Past threading.TIMEOUT_MAX the first queued call would raise
+    # OverflowError; refused at construction instead.
+    with pytest.raises(sbxlimit.ConfigError, match="too large") as info:
+        make()
+    assert info.value.field == field
+
+
+def test_a_calls_own_wait_past_what_can_be_held_is_refused():
+    q = sbxlimit.Quota(max_sandboxes=1)
+    with pytest.raises(sbxlimit.ConfigError, match="too large"):
+        q.admit(None, wait="200000d")
+    gate = sbxlimit.Gate(max_concurrent=1)
+    with pytest.raises(sbxlimit.ConfigError, match="too large"):
+        gate.call("k", timeout_ms=1e16)

@@ -535,6 +535,39 @@ def test_limits_coerce_rejects_unknown_fields():
     assert "memroy" in str(info.value)
 
 
+def test_limits_coerce_unknown_keys_of_any_type():
+    with pytest.raises(ConfigError) as info:
+        Limits.coerce({1: 2, "x": 3, "memory": "1Gi"})  # type: ignore[dict-item]
+    assert info.value.field == "limits" and "'x'" in str(info.value) and "1" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"cpu_time": 2**63},
+        {"cpu_time": 1e19},
+        {"wall_time": "99999999999999999999999d"},
+        {"kill_grace": 1e300},
+    ],
+)
+def test_durations_past_what_anything_can_wait_are_refused(kw):
+    with pytest.raises(ConfigError, match="too large"):
+        Limits(**kw)
+
+
+def test_a_manifest_duration_past_any_timer_is_refused():
+    manifest = {"execution_limits": {"max_tool_call_duration": "99999999999999999999999d"}}
+    with pytest.raises(ConfigError, match="too large"):
+        Limits.from_manifest(manifest)
+
+
+def test_the_longest_durations_accepted_still_spawn():
+    from sbxlimit._units import MAX_SECONDS
+
+    r = sbxlimit.run(["true"], limits=Limits(cpu_time=MAX_SECONDS, wall_time=MAX_SECONDS))
+    assert r.returncode == 0
+
+
 @pytest.mark.parametrize("value", ["512Mi", 5, ["memory"], Policy(), (("memory", 1),)])
 def test_limits_coerce_rejects_wrong_types(value):
     with pytest.raises(ConfigError) as info:
