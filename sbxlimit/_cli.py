@@ -325,8 +325,14 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         }
         text = json.dumps(doc)
         if args.json == "-":
-            sys.stdout.flush()
-            print(text, flush=True)
+            try:
+                sys.stdout.flush()
+                print(text, flush=True)
+            except BrokenPipeError:
+                # Whoever read stdout is gone (`... | head -1`): the status
+                # still says how the program ended.  Point stdout at
+                # /dev/null so that the interpreter's last flush is quiet.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         else:
             with open(args.json, "w") as f:
                 f.write(text + "\n")

@@ -265,3 +265,20 @@ def test_a_policy_run_in_a_terminal(flags, expected):
         os.close(master)
         os.close(slave)
     assert expected in out.decode(), out
+
+
+def test_json_to_a_reader_that_left_keeps_the_status():
+    # `sbxlimit run --json -- seq 1 100000 | head -1`
+    p = subprocess.Popen(
+        [*CLI, "run", "--json", "--", "seq", "1", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout.readline() == "1\n"
+    p.stdout.close()
+    err = p.stderr.read()
+    p.stderr.close()
+    # seq died of SIGPIPE: 128 + 13, as without --json; no traceback.
+    assert p.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "Error" not in err, err
