@@ -179,7 +179,7 @@ fail:
 
 /* The read-only view's entries: (kind, path, data) tuples of an int and two
  * bytes (b"" for no data); the pointers are borrowed from the tuples, which
- * the caller's arguments keep alive. */
+ * st->keep keeps alive (with the sequence that holds them). */
 static int to_view(PyObject *seq, struct spec_storage *st, size_t *n_out)
 {
     PyObject *fast = PySequence_Fast(seq, "view must be a sequence");
@@ -187,6 +187,10 @@ static int to_view(PyObject *seq, struct spec_storage *st, size_t *n_out)
 
     if (!fast)
         return -1;
+    if (PyList_Append(st->keep, fast) < 0) {
+        Py_DECREF(fast);
+        return -1;
+    }
     n = PySequence_Fast_GET_SIZE(fast);
     st->view = PyMem_Calloc((size_t)n + 1, sizeof *st->view);
     if (!st->view) {
