@@ -25,6 +25,7 @@ from ._cgroup import Site
 from ._errors import ConfigError
 from ._limits import Limits
 from ._policy import CAPABILITIES, Policy
+from ._protected import MAX_DEPTH
 
 __all__ = ["UNENFORCED", "Plan", "can_raise_hard_limits", "plan", "warn_downgrades"]
 
@@ -418,7 +419,17 @@ def _plan_files(p: Plan, policy: Policy, abi: int) -> None:
         what += f"; {gap}"
     p.enforced["files"] = f"{'+'.join(held)} ({what})"
     if policy.protect_dotfiles:
-        p.enforced["protect_dotfiles"] = "+".join(held)
+        which = (
+            "HOME's dotfiles; .git/hooks and .git/config of the repositories up to "
+            f"{MAX_DEPTH} levels below each writable root"
+        )
+        if p.ro_view:
+            p.enforced["protect_dotfiles"] = f"{held[0]} (bound read-only: {which})"
+        else:
+            p.enforced["protect_dotfiles"] = (
+                f"{held[0]} (carved: {which}; no new entry can be made in a directory on "
+                "the way to one, so git cannot write in those .git directories)"
+            )
 
 
 def _plan_caps(p: Plan, policy: Policy, uid: int) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from ._policy import Policy
 
-__all__ = ["DOTFILES", "handled_rights", "rules", "subtract", "writable_rights"]
+__all__ = ["handled_rights", "rules", "subtract", "writable_rights"]
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 MAKE_CHAR, MAKE_BLOCK = 1 << 6, 1 << 11
@@ -40,7 +40,6 @@ DEVICES = (
     "/dev/pts",
     "/dev/shm",
 )
-DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig", ".ssh")
 
 
 def handled_rights(abi: int) -> int:
@@ -100,17 +99,24 @@ def subtract(roots: Iterable[str], denied: Iterable[str]) -> list[str]:
     return sorted(out)
 
 
-def rules(policy: Policy, workspace: str | None, abi: int) -> tuple[int, list[tuple[str, int]]]:
-    """(handled rights, [(path, rights)]) for `policy`."""
+def rules(
+    policy: Policy,
+    workspace: str | None,
+    abi: int,
+    protected: Iterable[str] = (),
+    *,
+    view: bool = False,
+) -> tuple[int, list[tuple[str, int]]]:
+    """(handled rights, [(path, rights)]) for `policy`; `protected`: the
+    paths protect_dotfiles names (``_protected.protected``).  With `view`
+    the read-only view holds deny_write, deny_read and the protected paths
+    inside the writable roots (bind mounts), and the roots are granted
+    whole: carving would take from each directory on the way the right to
+    get new entries (a new file in HOME, git's .git/index.lock)."""
     handled = handled_rights(abi)
-    denied_writes = [*policy.deny_write, *policy.deny_read]
-    if policy.protect_dotfiles:
-        home = os.path.expanduser("~")
-        denied_writes += [os.path.join(home, n) for n in DOTFILES]
-        roots = [workspace, *policy.writable_roots] if workspace else list(policy.writable_roots)
-        denied_writes += [os.path.join(r, ".git", "hooks") for r in roots]
     writable = [workspace] if workspace else []
     writable += list(policy.writable_roots)
+    denied_writes = [] if view else [*policy.deny_write, *policy.deny_read, *protected]
     out = [(p, READ) for p in subtract(["/"], policy.deny_read)]
     out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes)]
     out += [(d, DEVICE) for d in DEVICES]

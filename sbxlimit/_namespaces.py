@@ -16,10 +16,11 @@ import os
 import shutil
 import socket
 import warnings
+from collections.abc import Iterable
 
 from . import _core
 from ._enforce import CLONE_NEWNET, CLONE_NEWUSER, Plan
-from ._landlock import DOTFILES, writable_rights
+from ._landlock import writable_rights
 from ._policy import Policy
 
 __all__ = ["Spawn", "copy_out", "fd_path", "view"]
@@ -31,7 +32,9 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def view(policy: Policy, workspace: str | None, shm_size: int | None) -> tuple[View, bool, bool]:
+def view(
+    policy: Policy, workspace: str | None, shm_size: int | None, protected: Iterable[str] = ()
+) -> tuple[View, bool, bool]:
     """The read-only view's entries for `policy` (csrc/sbx.h, struct
     sbx_view); whether "/" becomes read-only (not when it is a writable root
     itself); whether /dev is one of the sandbox's own (not when a writable
@@ -52,12 +55,7 @@ def view(policy: Policy, workspace: str | None, shm_size: int | None) -> tuple[V
         # memory of other processes is none of the sandbox's business.
         size = f",size={shm_size}" if shm_size else ""
         out.append((_core.VIEW_TMPFS, b"/dev/shm", f"mode=1777{size}".encode()))
-    protected = list(policy.deny_write)
-    if policy.protect_dotfiles:
-        home = os.path.expanduser("~")
-        protected += [os.path.join(home, n) for n in DOTFILES]
-        protected += [os.path.join(r, ".git", "hooks") for r in roots]
-    for path in dict.fromkeys(real(x) for x in protected):
+    for path in dict.fromkeys(real(x) for x in [*policy.deny_write, *protected]):
         # Outside the writable trees the view is read-only already.
         if any(_under(path, r) for r in rw) and os.path.lexists(path):
             out.append((_core.VIEW_RO, os.fsencode(path), b""))
@@ -83,6 +81,7 @@ class Spawn:
         uid: int | None,
         gid: int | None,
         shm_size: int | None = None,
+        protected: Iterable[str] = (),
     ) -> None:
         flags = plan.ns_flags | (CLONE_NEWUSER if plan.user_ns else 0)
         uid_map = gid_map = b""
@@ -107,7 +106,8 @@ class Spawn:
         entries: View = []
         ro_root = own_dev = False
         if plan.ro_view and policy is not None:
-            entries, ro_root, own_dev = view(policy, workspace or policy.workdir, shm_size)
+            where = workspace or policy.workdir
+            entries, ro_root, own_dev = view(policy, where, shm_size, protected)
         # Landlock skips the directory a mount hides: each tmpfs gets a rule
         # of its own in the child, with the rights the workspace has.
         ll = writable_rights(plan.landlock) if plan.landlock and (tmpfs or entries) else 0

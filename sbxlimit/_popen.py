@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from . import _core, _landlock, _namespaces, _workspace, audit
+from . import _core, _landlock, _namespaces, _protected, _workspace, audit
 from . import _spawn as _spawn_mod
 from ._cgroup import Cgroup, CgroupStats, discover, warn_explicit_site
 from ._enforce import CLONE_NEWPID, SANDBOX_EXEC, Plan, plan, warn_downgrades
@@ -111,6 +111,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _sbx_profile_file: str | None = None  # macOS: a profile too large for argv
     _sbx_audit_key: str | None = None
     _sbx_program = "the program"  # program_name(), set when the child is made
+    _sbx_protected: tuple[str, ...] = ()  # what protect_dotfiles protects (_protected)
+    _sbx_enforced: dict[str, str] = {}  # noqa: RUF012  (replaced, never mutated) this run's notes
     _sbx_warn_at: float | None = 0.9
     _sbx_workspace: str | None = None  # the private workspace, until close()
     _sbx_ws_fd = -1  # the size-capped tmpfs over it (mount namespace): its root
@@ -203,6 +205,22 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             raise UnsupportedError({**p.fallbacks, **p.downgrades})
         if p.downgrades:
             warn_downgrades(p)
+        pol = self.policy
+        if pol is not None and pol.protect_dotfiles and (p.landlock or p.ro_view):
+            # The private workspace is new and empty: the roots to search
+            # are the caller's.
+            roots = [pol.workdir] if pol.workdir else []
+            found = _protected.protected(os.path.expanduser("~"), [*roots, *pol.writable_roots])
+            self._sbx_protected = found.paths
+            if not found.complete:
+                # The protection is bounded by definition (SPEC 3): say
+                # where this search stopped.
+                held = p.enforced["protect_dotfiles"]
+                self._sbx_enforced = {
+                    "protect_dotfiles": f"{held[:-1]}; this search stopped after "
+                    f"{_protected.MAX_DIRS} directories: repositories it did not reach are "
+                    "not protected)"
+                }
 
     @property
     def program(self) -> str:
@@ -331,7 +349,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
             if p.ns_flags:
                 memory = self.limits.memory if self.limits is not None else None
-                ns = _namespaces.Spawn(p, self.policy, self._sbx_workspace, uid, gid, memory)
+                ns = _namespaces.Spawn(
+                    p, self.policy, self._sbx_workspace, uid, gid, memory, self._sbx_protected
+                )
 
             pgid = process_group
             die = self._sbx_die_with_parent
@@ -387,7 +407,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if p.landlock:
                 assert self.policy is not None
                 where = self._sbx_workspace or self.policy.workdir
-                handled, ll_rules = _landlock.rules(self.policy, where, p.landlock)
+                handled, ll_rules = _landlock.rules(
+                    self.policy, where, p.landlock, self._sbx_protected, view=p.ro_view
+                )
                 try:
                     landlock_fd, _n = _core.landlock_ruleset(handled, ll_rules, *p.landlock_net)
                 except OSError as e:
@@ -924,7 +946,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         """For each limit and protection asked for, the mechanism that holds
         it (``"rlimit:RLIMIT_CPU"``, ``"watchdog:wall_time"``), or
         ``"unenforced: <why>"``."""
-        return dict(self._sbx_plan.enforced)
+        return {**self._sbx_plan.enforced, **self._sbx_enforced}
 
     def kill_tree(self, grace: float | None = None) -> None:
         """End the program and everything it started, then reap it.

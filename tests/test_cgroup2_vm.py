@@ -1,5 +1,6 @@
 """Runs tests/test_cgroups.py under a real cgroup v2 kernel, and
-tests/test_escapes.py under a kernel without Landlock.
+tests/test_escapes.py and tests/test_file_rules.py under a kernel without
+Landlock.
 
 This machine's kind (a cgroup v1 hybrid) cannot give cgroup v2 its
 controllers, so the v2 tests run inside a User-Mode-Linux guest that mounts
@@ -7,8 +8,8 @@ the host's files and a cgroup2 hierarchy with memory, pids and cpu
 (tests/vm/run-in-uml.sh; docs/development.md).  The guest runs the same
 interpreter and the same build; SBXLIMIT_EXPECT_CGROUP=2 makes the run fail
 rather than skip if v2 were not found there.  Its kernel (6.1) has no
-Landlock: the attacks of test_escapes.py meet the read-only view and the
-seccomp filter alone there.
+Landlock: the attacks meet the read-only view and the seccomp filter alone
+there.
 """
 
 from __future__ import annotations
@@ -44,22 +45,22 @@ def test_cgroup_suite_under_cgroup2():
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     pytest_cmd += ["-p", "no:randomly"]
     cgroups = [os.path.join(HERE, "test_cgroups.py")]
-    escapes = [os.path.join(HERE, "test_escapes.py")]
+    escapes = [os.path.join(HERE, f) for f in ("test_escapes.py", "test_file_rules.py")]
     # The guests share the host's files: each gets a temp dir of its own, or
     # one's leak check would see the other's workspaces.
     names = ("root cgroup", "delegated leaf", "no Landlock: escapes")
     tmps = [tempfile.mkdtemp(prefix="cg2vm-tmp-") for _ in names]
     guests = dict(zip(names, tmps, strict=True))
-    extra = {
-        "root cgroup": cgroups,
-        "delegated leaf": ["--cgroup", "deleg/leaf", *cgroups],
-        "no Landlock: escapes": escapes,
+    extra = {  # guest options, test files
+        "root cgroup": ([], cgroups),
+        "delegated leaf": (["--cgroup", "deleg/leaf"], cgroups),
+        "no Landlock: escapes": ([], escapes),
     }
 
     def boot(where: str) -> subprocess.Popen[str]:
-        *opts, tests = extra[where]
+        opts, tests = extra[where]
         return subprocess.Popen(
-            [RUNNER, "--timeout", "600", *opts, *pytest_cmd, tests],
+            [RUNNER, "--timeout", "600", *opts, *pytest_cmd, *tests],
             # Two guests writing the same __pycache__ over hostfs can race.
             env=dict(
                 os.environ,

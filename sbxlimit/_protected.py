@@ -1,0 +1,155 @@
+"""What ``protect_dotfiles`` protects: files a shell or git runs code from
+later, outside the sandbox.
+
+The dotfiles of HOME, and of every git repository under a writable root
+(the workspace included): ``.git/hooks`` and ``.git/config`` (which can
+name other hooks, filters and an fsmonitor), following a ``gitdir:`` file
+(worktrees, submodules) to the directory git really uses.  Repositories are
+found by a bounded search: at most ``MAX_DEPTH`` directories below each
+root, ``MAX_DIRS`` directories listed in all, not descending into a
+repository's own ``.git``, into directories that hold packages rather
+than projects (``node_modules``, virtualenvs, caches), nor into /proc,
+/sys, /dev and /run.  Past the bound the search stops: the repositories it
+did not reach are not protected, and ``enforced`` says so
+(``Found.complete``).
+
+Paths are returned whether or not they exist; the mechanisms decide what
+they can hold (docs/SECURITY.md): a bind mount needs the path to exist,
+Landlock carving needs it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Iterable
+
+from ._policy import DOTFILES
+
+__all__ = ["MAX_DEPTH", "MAX_DIRS", "TTL", "Found", "protected"]
+
+MAX_DEPTH = 4
+MAX_DIRS = 2000
+# Directories that hold installed packages or caches, not repositories the
+# user commits in.
+_SKIP = frozenset(
+    {
+        ".git",
+        "node_modules",
+        "__pycache__",
+        ".venv",
+        "venv",
+        "site-packages",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".cache",
+    }
+)
+
+
+_PSEUDO = frozenset({"/proc", "/sys", "/dev", "/run"})  # never a repository
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Found:
+    paths: tuple[str, ...]  # protected paths (absolute, resolved)
+    complete: bool = True  # False: the search stopped at its bound
+
+
+def _git_dirs(git: str) -> list[str]:
+    """The directories git uses for the repository whose ``.git`` is `git`:
+    itself, or what a ``gitdir:`` file names and that one's common dir."""
+    if os.path.isdir(git):
+        return [git]
+    try:
+        with open(git) as f:
+            line = f.readline(4096).strip()
+    except (OSError, UnicodeDecodeError):
+        return []
+    if not line.startswith("gitdir:"):
+        return []
+    target = os.path.join(os.path.dirname(git), line[len("gitdir:") :].strip())
+    out = [os.path.realpath(target)]
+    try:
+        with open(os.path.join(out[0], "commondir")) as f:
+            common = f.readline(4096).strip()
+        out.append(os.path.realpath(os.path.join(out[0], common)))
+    except (OSError, UnicodeDecodeError):
+        pass
+    return out
+
+
+def _repo_paths(git: str) -> list[str]:
+    out = []
+    for d in _git_dirs(git):
+        out += [os.path.join(d, "hooks"), os.path.join(d, "config")]
+        out.append(os.path.join(d, "config.worktree"))
+    return out
+
+
+def _search(root: str, budget: list[int]) -> tuple[list[str], bool]:
+    """Repositories' protected paths under root (breadth first)."""
+    out: list[str] = []
+    level = [root]
+    for depth in range(MAX_DEPTH + 1):
+        nxt = []
+        for d in level:
+            if budget[0] <= 0:
+                return out, False
+            budget[0] -= 1
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError:
+                continue
+            for e in entries:
+                if e.name == ".git":
+                    out += _repo_paths(e.path)
+                elif depth < MAX_DEPTH and e.name not in _SKIP and e.path not in _PSEUDO:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            nxt.append(e.path)
+                    except OSError:
+                        continue
+        level = nxt
+    return out, True
+
+
+# Spawns come in bursts (an agent's tool calls): the search of the same
+# roots is reused for this long.  A repository made meanwhile is found by
+# the next search.
+TTL = 1.0
+_cache: dict[tuple[str | None, tuple[str, ...]], tuple[float, Found]] = {}
+_lock = threading.Lock()
+
+
+def protected(home: str | None, roots: Iterable[str]) -> Found:
+    """The protected paths for writable `roots` and `home`."""
+    key = (home, tuple(roots))
+    now = time.monotonic()
+    with _lock:
+        hit = _cache.get(key)
+    if hit is not None and now - hit[0] < TTL:
+        return hit[1]
+    found = _protected(home, key[1])
+    with _lock:
+        if len(_cache) > 64:
+            _cache.clear()
+        _cache[key] = (now, found)
+    return found
+
+
+def _protected(home: str | None, roots: tuple[str, ...]) -> Found:
+    out = [os.path.join(home, n) for n in DOTFILES] if home else []
+    budget = [MAX_DIRS]
+    complete = True
+    for root in roots:
+        found, done = _search(root, budget)
+        out += found
+        complete = complete and done
+    return Found(tuple(dict.fromkeys(os.path.realpath(p) for p in out)), complete)

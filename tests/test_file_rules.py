@@ -1,0 +1,246 @@
+"""File rules held exactly by the read-only view (and Landlock on top where
+the kernel has it): writable roots are writable, new files included;
+protected paths at any depth refuse every change; git works in a writable
+repository.  Real programs, real git; as root and unprivileged, natively
+and in the UML guest (no Landlock there: the view alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import sbxlimit
+from sbxlimit import Policy
+from sbxlimit._enforce import CLONE_NEWNS, namespaces
+
+LINUX = sys.platform.startswith("linux")
+VIEW = namespaces(CLONE_NEWNS, view=True) if LINUX else None
+pytestmark = pytest.mark.skipif(
+    not (VIEW and VIEW.ok),
+    reason=f"doctor: read_only_view unavailable: {VIEW.reason if VIEW else 'not Linux'}",
+)
+PY = sys.executable
+GIT = shutil.which("git")
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
+
+
+def sh(script: str, policy: Policy, **kw) -> dict[str, int]:
+    """Run `script` (lines `NAME command`); each command's exit status."""
+    lines = [ln.strip().split(" ", 1) for ln in script.splitlines() if ln.strip()]
+    body = "\n".join(f"{cmd} >/dev/null 2>&1; echo {name}=$?" for name, cmd in lines)
+    r = sbxlimit.run(["sh", "-c", body], policy=policy, capture_output=True, text=True, **kw)
+    assert r.returncode == 0, r.stderr
+    return {k: int(v) for k, v in (ln.split("=") for ln in r.stdout.split())}
+
+
+def state(path) -> dict[str, object]:
+    """Everything a change could touch, for every file under path."""
+    out: dict[str, object] = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            data = None
+            if os.path.isfile(p) and not os.path.islink(p):
+                with open(p, "rb") as f:
+                    data = f.read()
+            out[os.path.relpath(p, path)] = (st.st_mode, st.st_uid, st.st_mtime_ns, data)
+    return out
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A HOME with dotfiles, a repository at depth 1 and one at depth 3."""
+    h = tmp_path / "home"
+    (h / ".ssh").mkdir(parents=True)
+    (h / ".ssh" / "authorized_keys").write_text("key\n")
+    (h / ".bashrc").write_text("# rc\n")
+    (h / "notes.txt").write_text("n\n")
+    env = {**os.environ, **GIT_ENV}
+    for repo in ("proj", "a/b/deep"):
+        (h / repo).mkdir(parents=True)
+        subprocess.run([GIT, "init", "-q", str(h / repo)], check=True, env=env)
+        (h / repo / "code.py").write_text("print(1)\n")
+    monkeypatch.setenv("HOME", str(h))
+    return h
+
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+def test_a_writable_home_is_writable_and_its_dotfiles_and_repositories_are_not(home):
+    protected = {
+        p: state(home / p) | {"": os.stat(home / p).st_mode}
+        for p in (".ssh", "proj/.git/hooks", "a/b/deep/.git/hooks")
+    }
+    configs = {p: (home / p).read_bytes() for p in ("proj/.git/config", "a/b/deep/.git/config")}
+    bashrc = (home / ".bashrc").read_bytes()
+    attacks = ""
+    for n, repo in enumerate(("proj", "a/b/deep")):
+        g = home / repo / ".git"
+        attacks += f"""
+        hook{n} sh -c 'echo evil > {g}/hooks/pre-commit'
+        hook_chmod{n} chmod 777 {g}/hooks
+        hook_rename{n} mv {g}/hooks {g}/hooks.old
+        config_append{n} sh -c 'echo "[core] hooksPath=/tmp" >> {g}/config'
+        config_truncate{n} truncate -s 0 {g}/config
+        config_replace{n} sh -c 'echo x > {g}/c2 && mv {g}/c2 {g}/config'
+        config_unlink{n} rm -f {g}/config
+        config_chmod{n} chmod 666 {g}/config
+        """
+    r = sh(
+        f"""
+        new_file sh -c 'echo ok > {home}/new.txt'
+        new_dir mkdir {home}/newdir
+        notes sh -c 'echo more >> {home}/notes.txt'
+        code sh -c 'echo "print(2)" > {home}/a/b/deep/code.py'
+        bashrc sh -c 'echo evil >> {home}/.bashrc'
+        bashrc_unlink rm -f {home}/.bashrc
+        bashrc_replace sh -c 'echo evil > {home}/b2 && mv {home}/b2 {home}/.bashrc'
+        ssh_key sh -c 'echo evil >> {home}/.ssh/authorized_keys'
+        ssh_new touch {home}/.ssh/new_key
+        {attacks}
+        """,
+        Policy(writable_roots=[str(home)]),
+    )
+    made = {k: v for k, v in r.items() if k in ("new_file", "new_dir", "notes", "code")}
+    assert made == {"new_file": 0, "new_dir": 0, "notes": 0, "code": 0}, r
+    refused = {k: v for k, v in r.items() if k not in made}
+    assert all(v != 0 for v in refused.values()), {k: v for k, v in refused.items() if v == 0}
+    assert (home / ".bashrc").read_bytes() == bashrc
+    for p, before in protected.items():
+        assert state(home / p) | {"": os.stat(home / p).st_mode} == before, p
+    for p, data in configs.items():
+        assert (home / p).read_bytes() == data, p
+
+
+GIT_SCRIPT = """
+set -e
+cd "$1"
+echo "print(3)" > more.py
+git add -A
+git commit -qm "from the sandbox"
+git branch feature
+git checkout -q feature
+git gc -q
+git log --oneline | wc -l
+if echo evil > .git/hooks/pre-commit 2>/dev/null; then echo hook-written; fi
+if git config user.name evil 2>/dev/null; then echo config-written; fi
+"""
+
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+def test_git_works_in_a_writable_repository_but_not_on_its_hooks_and_config(home):
+    repo = home / "a" / "b" / "deep"
+    subprocess.run([GIT, "-C", str(repo), "add", "-A"], check=True, env={**os.environ, **GIT_ENV})
+    subprocess.run(
+        [GIT, "-C", str(repo), "commit", "-qm", "first"], check=True, env={**os.environ, **GIT_ENV}
+    )
+    config = (repo / ".git" / "config").read_bytes()
+    r = sbxlimit.run(
+        ["sh", "-c", GIT_SCRIPT, "sh", str(repo)],
+        policy=Policy(writable_roots=[str(home)]),
+        env={**os.environ, **GIT_ENV},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2"], (r.stdout, r.stderr)
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    assert (repo / ".git" / "config").read_bytes() == config
+    log = subprocess.run(
+        [GIT, "-C", str(repo), "log", "--format=%s", "feature"], capture_output=True, text=True
+    )
+    assert log.stdout.split("\n")[0] == "from the sandbox"
+
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+def test_a_worktrees_gitdir_is_followed(home, tmp_path):
+    repo = home / "proj"
+    env = {**os.environ, **GIT_ENV}
+    subprocess.run([GIT, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "x"], env=env)
+    wt = home / "wt"
+    subprocess.run([GIT, "-C", str(repo), "worktree", "add", "-q", str(wt)], check=True, env=env)
+    r = sh(
+        f"""
+        hook sh -c 'echo evil > {repo}/.git/hooks/post-checkout'
+        via_worktree sh -c 'cd {wt} && echo evil > "$(git rev-parse --git-common-dir)/hooks/x"'
+        worktree_file sh -c 'echo ok > {wt}/file.txt'
+        """,
+        Policy(writable_roots=[str(home)]),
+        env=env,
+    )
+    assert r["hook"] != 0 and r["via_worktree"] != 0 and r["worktree_file"] == 0, r
+
+
+def test_links_and_proc_self_root_do_not_get_around_the_rules(home, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep\n")
+    os.symlink(outside, home / "link-out")
+    os.symlink(home / ".bashrc", home / "link-rc")
+    r = sh(
+        f"""
+        via_link sh -c 'echo x >> {home}/link-out'
+        via_link_rc sh -c 'echo x >> {home}/link-rc'
+        via_proc sh -c 'echo x >> /proc/self/root{outside}'
+        via_proc_rc sh -c 'echo x >> /proc/self/root{home}/.bashrc'
+        via_cwd sh -c 'cd / && echo x >> .{outside}'
+        hardlink ln {outside} {home}/hard
+        """,
+        Policy(writable_roots=[str(home)]),
+    )
+    assert all(v != 0 for v in r.values()), r
+    assert outside.read_text() == "keep\n" and (home / ".bashrc").read_text() == "# rc\n"
+
+
+def test_deny_read_hides_contents_and_names(tmp_path):
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("k")
+    (tmp_path / "token").write_text("t")
+    code = (
+        "import json, os, sys\n"
+        "out = {}\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        out[p] = os.listdir(p) if os.path.isdir(p) else open(p).read()\n"
+        "    except OSError as e:\n"
+        "        out[p] = e.errno\n"
+        "print(json.dumps(out))"
+    )
+    paths = [str(secret), str(secret / "key"), str(tmp_path / "token")]
+    r = sbxlimit.run(
+        [PY, "-c", code, *paths],
+        policy=Policy(deny_read=[str(secret), str(tmp_path / "token")]),
+        capture_output=True,
+        text=True,
+    )
+    got = json.loads(r.stdout)
+    # Covered (the view) and, where Landlock is there too, unreadable.
+    assert got[str(secret)] in ([], 13) and got[str(tmp_path / "token")] in ("", 13)
+    assert isinstance(got[str(secret / "key")], int)
+
+
+def test_nothing_mounted_is_left_on_the_host(home):
+    with open("/proc/self/mountinfo") as f:
+        before = f.read()
+    sbxlimit.run(["true"], policy=Policy(writable_roots=[str(home)], deny_read=[str(home / "a")]))
+    with open("/proc/self/mountinfo") as f:
+        assert f.read() == before
+
+
+def test_enforced_names_the_view():
+    r = sbxlimit.run(["true"], policy=Policy())
+    label = "userns+mountns:ro-view" if VIEW and VIEW.user else "mountns:ro-view"
+    assert r.enforced["files"].startswith(label)
+    assert r.enforced["protect_dotfiles"].startswith(f"{label} (bound read-only:")
