@@ -77,3 +77,32 @@ def test_cli_prints_the_profile():
         text=True,
     )
     assert bad.returncode == 2 and "absolute" in bad.stderr
+
+
+def test_every_repositorys_hooks_and_config_are_protected_at_any_depth():
+    # The profile's one git rule, read as the regex SBPL gives it.
+    import re
+
+    profile = Policy(writable_roots=["/Users/me"]).seatbelt_profile(home="/Users/me")
+    (pattern,) = re.findall(r'\(regex #"(/\\\.git/[^"]*)"\)', profile)
+    rule = re.compile(pattern)
+    denied = [
+        "/Users/me/proj/.git/hooks",
+        "/Users/me/proj/.git/hooks/pre-commit",
+        "/Users/me/a/b/c/.git/hooks/post-checkout",
+        "/Users/me/proj/.git/config",
+        "/Users/me/a/b/c/.git/config",
+        "/Users/me/proj/.git/modules/sub/hooks/pre-push",
+        "/Users/me/proj/.git/modules/sub/config",
+        "/Users/me/proj/.git/worktrees/wt/config.worktree",
+    ]
+    allowed = [
+        "/Users/me/proj/.git/index.lock",
+        "/Users/me/proj/.git/objects/ab/cdef",
+        "/Users/me/proj/.git/configx",
+        "/Users/me/proj/config",
+        "/Users/me/proj/hooks/x",
+        "/Users/me/proj/not.git/hooks/x",
+    ]
+    assert [p for p in denied if not rule.search(p)] == []
+    assert [p for p in allowed if rule.search(p)] == []

@@ -352,10 +352,13 @@ static const char profile_dev_write[] =
 static const char *const dotfiles[] = {".bashrc",  ".bash_profile", ".zshrc", ".zprofile",
                                        ".profile", ".gitconfig",    ".ssh"};
 
-/* Any .git/hooks directory (a submodule's too: .git/modules/NAME/hooks).
+/* Any repository's .git/hooks and .git/config, at any depth (a submodule's
+ * under .git/modules/NAME, a worktree's config.worktree under
+ * .git/worktrees/NAME): config can name hooks, filters and an fsmonitor.
  * "/\.git/" anchors .git as a whole component; no caller string is ever
  * placed in a regex. */
-static const char git_hooks_regex[] = "    (regex #\"/\\.git/(modules/.+/)?hooks(/|$)\")";
+static const char git_hooks_regex[] =
+    "    (regex #\"/\\.git/((modules|worktrees)/.+/)?(hooks(/|$)|config(\\.worktree)?$)\")";
 
 /* network="allow": name resolution (configd's DNS configuration, the
  * DNS-SD daemon) and TLS certificate checks (trustd) are mach services. */

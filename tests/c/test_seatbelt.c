@@ -319,7 +319,8 @@ static void test_golden_full(void)
                   "    (subpath \"/Users/me/.profile\")\n"
                   "    (subpath \"/Users/me/.gitconfig\")\n"
                   "    (subpath \"/Users/me/.ssh\")\n"
-                  "    (regex #\"/\\.git/(modules/.+/)?hooks(/|$)\"))\n"
+                  "    (regex "
+                  "#\"/\\.git/((modules|worktrees)/.+/)?(hooks(/|$)|config(\\.worktree)?$)\"))\n"
                   "\n"
                   "; Network: loopback to the proxy ports only (network=\"proxy\"); the rest\n"
                   "; stays denied by (deny default).  Names are resolved by the proxy.\n"
@@ -734,7 +735,8 @@ static void test_denies_come_after_allows(void)
     CHECK(at("(subpath \"/r/keep\")") > last_allow_write);
     CHECK(at("(subpath \"/home/u/.bashrc\")") > last_allow_write);
     CHECK(at("(subpath \"/home/u/.ssh\")") > last_allow_write);
-    CHECK(at("(regex #\"/\\.git/(modules/.+/)?hooks(/|$)\")") > last_allow_write);
+    CHECK(at("(regex #\"/\\.git/((modules|worktrees)/.+/)?(hooks(/|$)|config(\\.worktree)?$)\")") >
+          last_allow_write);
     /* deny_read is also write-denied, after the allows. */
     CHECK(last_at("(subpath \"/secret\")") > last_allow_write);
     /* Nothing is allowed after the first deny that narrows a file allow,
@@ -776,7 +778,9 @@ static void test_dotfiles(void)
     /* No home: only the hooks. */
     p.home = NULL;
     CHECK_INT(render(&p), 0);
-    CHECK_HAS(profile, "(deny file-write*\n    (regex #\"/\\.git/(modules/.+/)?hooks(/|$)\"))\n");
+    CHECK_HAS(profile,
+              "(deny file-write*\n    (regex "
+              "#\"/\\.git/((modules|worktrees)/.+/)?(hooks(/|$)|config(\\.worktree)?$)\"))\n");
     CHECK_LACKS(profile, ".bashrc");
     p.home = "";
     CHECK_INT(render(&p), 0);
