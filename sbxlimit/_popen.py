@@ -212,15 +212,21 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             roots = [pol.workdir] if pol.workdir else []
             found = _protected.protected(os.path.expanduser("~"), [*roots, *pol.writable_roots])
             self._sbx_protected = found.paths
+            notes = []
             if not found.complete:
                 # The protection is bounded by definition (SPEC 3): say
                 # where this search stopped.
+                notes.append(
+                    f"this search stopped after {_protected.MAX_DIRS} directories: "
+                    "repositories it did not reach are not protected"
+                )
+            missing = _protected.missing_dotfiles(os.path.expanduser("~"), pol.writable_roots)
+            if missing:
+                # Nothing can be bound over a name that does not exist.
+                notes.append(f"not there, so a new one can be made: {', '.join(missing)}")
+            if notes:
                 held = p.enforced["protect_dotfiles"]
-                self._sbx_enforced = {
-                    "protect_dotfiles": f"{held[:-1]}; this search stopped after "
-                    f"{_protected.MAX_DIRS} directories: repositories it did not reach are "
-                    "not protected)"
-                }
+                self._sbx_enforced = {"protect_dotfiles": f"{held[:-1]}; {'; '.join(notes)})"}
 
     @property
     def program(self) -> str:
@@ -1049,7 +1055,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 wall=(self._sbx_end or time.monotonic()) - self._sbx_start,
                 watch=self._sbx_watch,
                 limits=lim,
-                enforced=self._sbx_plan.enforced,
+                enforced={**self._sbx_plan.enforced, **self._sbx_enforced},
                 created=self._child_created,
                 killed_by_caller=self._sbx_killed_by_caller,
                 cgroup=self._sbx_cgstats,

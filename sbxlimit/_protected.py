@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 from ._policy import DOTFILES
 
-__all__ = ["MAX_DEPTH", "MAX_DIRS", "TTL", "Found", "protected"]
+__all__ = ["MAX_DEPTH", "MAX_DIRS", "TTL", "Found", "missing_dotfiles", "protected"]
 
 MAX_DEPTH = 4
 MAX_DIRS = 2000
@@ -153,3 +153,17 @@ def _protected(home: str | None, roots: tuple[str, ...]) -> Found:
         out += found
         complete = complete and done
     return Found(tuple(dict.fromkeys(os.path.realpath(p) for p in out)), complete)
+
+
+def missing_dotfiles(home: str, roots: Iterable[str]) -> list[str]:
+    """HOME's dotfiles that do not exist while HOME lies in a writable root:
+    the program could make one (a new ~/.zshrc runs in the user's next
+    shell), and no mechanism here can refuse a name that is not there yet."""
+    home = os.path.realpath(home)
+    if not any(_within(home, os.path.realpath(r)) for r in roots):
+        return []
+    return [f"~/{n}" for n in DOTFILES if not os.path.lexists(os.path.join(home, n))]
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")

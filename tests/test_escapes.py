@@ -280,6 +280,8 @@ attempt("write", lambda: open(path, "a").write("pwned"))
 attempt("truncate", os.truncate, path, 0)
 attempt("rename", os.rename, path, path + ".moved")
 attempt("link", os.link, path, path + ".linked")
+attempt("mkfifo", os.mkfifo, path + ".fifo")
+attempt("symlink", os.symlink, "/etc/passwd", path + ".sym")
 attempt("unlink", os.unlink, path)
 """
 

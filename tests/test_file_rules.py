@@ -239,6 +239,15 @@ def test_nothing_mounted_is_left_on_the_host(home):
         assert f.read() == before
 
 
+def test_dotfiles_that_do_not_exist_yet_are_named(home):
+    r = sbxlimit.run(["true"], policy=Policy(writable_roots=[str(home)]))
+    note = r.enforced["protect_dotfiles"]
+    assert "not there, so a new one can be made: ~/.bash_profile, ~/.zshrc" in note
+    assert "~/.bashrc" not in note and "~/.ssh" not in note
+    r = sbxlimit.run(["true"], policy=Policy(writable_roots=[str(home / "proj")]))
+    assert "not there" not in r.enforced["protect_dotfiles"]
+
+
 def test_enforced_names_the_view():
     r = sbxlimit.run(["true"], policy=Policy())
     label = "userns+mountns:ro-view" if VIEW and VIEW.user else "mountns:ro-view"
