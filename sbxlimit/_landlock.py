@@ -21,6 +21,7 @@ import os
 from collections.abc import Iterable
 
 from ._policy import Policy
+from ._protected import within
 
 __all__ = ["handled_rights", "rules", "subtract", "writable_rights"]
 
@@ -63,10 +64,6 @@ def _real(path: str) -> str:
     return os.path.realpath(path)
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def subtract(roots: Iterable[str], denied: Iterable[str]) -> list[str]:
     """The paths that cover `roots` except everything beneath `denied`:
     a root above a denied path is replaced by its children other than the
@@ -78,9 +75,9 @@ def subtract(roots: Iterable[str], denied: Iterable[str]) -> list[str]:
     for d in sorted({_real(x) for x in denied if os.path.lexists(x)}):
         nxt: set[str] = set()
         for r in out:
-            if _under(r, d):
+            if within(r, d):
                 continue  # wholly denied
-            if not _under(d, r):
+            if not within(d, r):
                 nxt.add(r)
                 continue
             cur = r

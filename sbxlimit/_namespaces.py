@@ -22,14 +22,11 @@ from . import _core
 from ._enforce import CLONE_NEWNET, CLONE_NEWUSER, Plan
 from ._landlock import writable_rights
 from ._policy import Policy
+from ._protected import within
 
 __all__ = ["Spawn", "copy_out", "fd_path", "view"]
 
 View = list[tuple[int, bytes, bytes]]
-
-
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def view(
@@ -44,11 +41,11 @@ def view(
     roots += policy.writable_roots
     rw = sorted({real(r) for r in roots}, key=lambda r: (r.count("/"), r))
     ro_root = "/" not in rw
-    own_dev = not any(_under("/dev", r) for r in rw)
+    own_dev = not any(within("/dev", r) for r in rw)
     out: View = []
     for r in rw:
         if r != "/":
-            kind = _core.VIEW_RW_DEV if _under("/dev", r) else _core.VIEW_RW
+            kind = _core.VIEW_RW_DEV if within("/dev", r) else _core.VIEW_RW
             out.append((kind, os.fsencode(r), b""))
     if own_dev or os.path.isdir("/dev/shm"):
         # A private one: the host's is read-only in the view, and shared
@@ -57,7 +54,7 @@ def view(
         out.append((_core.VIEW_TMPFS, b"/dev/shm", f"mode=1777{size}".encode()))
     for path in dict.fromkeys(real(x) for x in [*policy.deny_write, *protected]):
         # Outside the writable trees the view is read-only already.
-        if any(_under(path, r) for r in rw) and os.path.lexists(path):
+        if any(within(path, r) for r in rw) and os.path.lexists(path):
             out.append((_core.VIEW_RO, os.fsencode(path), b""))
     for path in dict.fromkeys(real(x) for x in policy.deny_read):
         if os.path.isdir(path):

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 from ._policy import DOTFILES
 
-__all__ = ["MAX_DEPTH", "MAX_DIRS", "TTL", "Found", "missing_dotfiles", "protected"]
+__all__ = ["MAX_DEPTH", "MAX_DIRS", "TTL", "Found", "missing_dotfiles", "protected", "within"]
 
 MAX_DEPTH = 4
 MAX_DIRS = 2000
@@ -160,10 +160,11 @@ def missing_dotfiles(home: str, roots: Iterable[str]) -> list[str]:
     the program could make one (a new ~/.zshrc runs in the user's next
     shell), and no mechanism here can refuse a name that is not there yet."""
     home = os.path.realpath(home)
-    if not any(_within(home, os.path.realpath(r)) for r in roots):
+    if not any(within(home, os.path.realpath(r)) for r in roots):
         return []
     return [f"~/{n}" for n in DOTFILES if not os.path.lexists(os.path.join(home, n))]
 
 
-def _within(path: str, root: str) -> bool:
+def within(path: str, root: str) -> bool:
+    """`path` is `root` or lies beneath it (both resolved)."""
     return path == root or path.startswith(root.rstrip("/") + "/")
