@@ -371,6 +371,33 @@ def test_shared_memory_and_semaphores_work_inside():
     assert got == {"lock": "ok", "shm": "ok"}
 
 
+KERNEL_KNOBS = """
+# Opening for writing is enough to show the way is open; nothing is written.
+paths = ["/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger", "/proc/sys/vm/drop_caches",
+         "/sys/kernel/mm/transparent_hugepage/enabled", "/proc/1/oom_score_adj"]
+for line in open("/proc/self/cgroup"):
+    hier, _, rel = line.strip().split(":", 2)
+    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/" + hier.replace("name=", "")):
+        for name in ("cgroup.procs", "memory.max", "memory.limit_in_bytes", "pids.max"):
+            for where in (rel, os.path.dirname(rel)):
+                p = os.path.normpath(base + where + "/" + name)
+                if os.path.exists(p) and p not in paths:
+                    paths.append(p)
+for p in paths:
+    if os.path.exists(p):
+        fd = attempt(p, os.open, p, os.O_WRONLY)
+        if fd is not None:
+            os.close(fd)
+"""
+
+
+def test_kernel_settings_and_cgroup_files_cannot_be_opened_for_writing():
+    # A root program needs no capability for most of /proc/sys (core_pattern
+    # runs a program as root on the host) or for its own cgroup's limits.
+    got = attack(KERNEL_KNOBS, limits=Limits(memory="1Gi", pids=512))
+    assert got and "ok" not in got.values(), {k: v for k, v in got.items() if v == "ok"}
+
+
 # -- 3. other processes: signals, limits ------------------------------------------
 
 
