@@ -407,9 +407,11 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.caps_keep = caps_keep;
     spec.landlock_fd = landlock_fd;
     spec.tmpfs_sock = -1;
+    spec.ns_status_fd = -1;
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
-         * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev):
+         * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev,
+         * status_fd):
          * bytes, b"" for none; view: ((kind, path, data), ...).  The
          * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
@@ -417,12 +419,12 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         PyObject *view;
 
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiKOpp;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOppi;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
-                              "tmpfs_landlock, view, view_ro_root, view_dev)",
+                              "tmpfs_landlock, view, view_ro_root, view_dev, status_fd)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
                               &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root,
-                              &spec.view_dev))
+                              &spec.view_dev, &spec.ns_status_fd))
             goto done;
         if (to_view(view, &st, &spec.n_view) < 0)
             goto done;
@@ -506,22 +508,24 @@ done:
 }
 
 PyDoc_STRVAR(tree_sample_doc,
-             "tree_sample(pid) -> (memory, tasks, procs, cpu_user, cpu_system, root_alive)\n"
+             "tree_sample(pid, skip_root=False) -> (memory, tasks, procs, cpu_user, cpu_system,\n"
+             "                                      root_alive)\n"
              "--\n\n"
              "Sample the process tree rooted at pid: anonymous+shmem resident+swap\n"
-             "bytes and threads summed, processes, CPU seconds of the live processes.");
+             "bytes and threads summed, processes, CPU seconds of the live processes\n"
+             "and the children they reaped.  skip_root: the root's own memory and\n"
+             "tasks are not counted (a PID namespace's reaper).");
 
-static PyObject *core_tree_sample(PyObject *self, PyObject *arg)
+static PyObject *core_tree_sample(PyObject *self, PyObject *args)
 {
     struct sbx_tree_sample s;
-    long pid = PyLong_AsLong(arg);
-    int rc;
+    int pid, skip_root = 0, rc;
 
     (void)self;
-    if (pid == -1 && PyErr_Occurred())
+    if (!PyArg_ParseTuple(args, "i|p:tree_sample", &pid, &skip_root))
         return NULL;
     Py_BEGIN_ALLOW_THREADS
-        rc = sbx_tree_sample((pid_t)pid, &s);
+        rc = sbx_tree_sample((pid_t)pid, skip_root, &s);
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_tree_sample");
@@ -873,7 +877,7 @@ static PyMethodDef core_methods[] = {
     {"probe", core_probe, METH_VARARGS, probe_doc},
     {"landlock_abi", core_landlock_abi, METH_NOARGS, landlock_abi_doc},
     {"spawn", core_spawn, METH_VARARGS, spawn_doc},
-    {"tree_sample", core_tree_sample, METH_O, tree_sample_doc},
+    {"tree_sample", core_tree_sample, METH_VARARGS, tree_sample_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
     {NULL, NULL, 0, NULL},
 };

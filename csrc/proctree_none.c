@@ -5,9 +5,10 @@
 
 #include "sbx.h"
 
-int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
+int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out)
 {
     (void)root;
+    (void)skip_root;
     memset(out, 0, sizeof *out);
     errno = ENOSYS;
     return -1;

@@ -32,7 +32,7 @@ enum sbx_step {
     SBX_STEP_NS_LOOPBACK,   /* "ns:loopback" (lo up in a new netns) */
     SBX_STEP_NS_MOUNT,      /* "ns:mount", detail: 0 slave, 1 tmpfs, 2 mkdir, 3 its fd */
     SBX_STEP_NS_VIEW,       /* "ns:view", detail = index in view[] (-1: "/" read-only, -2: /dev) */
-    SBX_STEP_NS_PID,        /* "ns:pid", detail: 0 PID 1's fork, 1 the target's */
+    SBX_STEP_NS_PID,        /* "ns:pid", detail: 1 the target's clone, 2 the parent gone */
     SBX_STEP_RLIMIT_CORE,   /* "rlimit:RLIMIT_CORE", detail = soft value */
     SBX_STEP_RLIMIT_CPU,
     SBX_STEP_RLIMIT_FSIZE,
@@ -163,14 +163,19 @@ struct sbx_spec {
      * made slaves first; tmpfs_path (NULL: none) gets a tmpfs with mount
      * data tmpfs_opts, tmpfs_mkdir is made in it, and an fd of its root is
      * sent on the datagram socket tmpfs_sock (SCM_RIGHTS) for the parent to
-     * read it after the namespace is gone.  CLONE_NEWPID forces fork(): the
-     * child forks PID 1, a reaper, which forks the target. */
+     * read it after the namespace is gone.  With CLONE_NEWPID the child is
+     * made by clone(CLONE_NEWPID[|CLONE_NEWUSER]) and is PID 1, a reaper;
+     * the target is its CLONE_VM|CLONE_VFORK child (a fork() with a hook).
+     * PID 1 writes the target's wait status (an int) to ns_status_fd and
+     * exits with the same code; a parent that reads it there gets the
+     * target's own status, signals included. */
     int ns_flags;
 #define SBX_CLONE_NEWPID 0x20000000 /* Linux's CLONE_NEWPID, for portable code */
     const char *uid_map, *gid_map;
     int ns_loopback;
     const char *tmpfs_path, *tmpfs_opts, *tmpfs_mkdir;
     int tmpfs_sock;
+    int ns_status_fd; /* write end, close-on-exec; -1: none */
     uint64_t tmpfs_landlock; /* rights beneath the tmpfs in landlock_fd's ruleset */
     /* The read-only view of the host (CLONE_NEWNS): with view_ro_root every
      * mount becomes read-only and nosuid, except the trees of the SBX_VIEW_RW
@@ -200,6 +205,7 @@ struct sbx_spec {
 #define SBX_HOW_VM          1 /* shared the parent's memory until exec */
 #define SBX_HOW_CLONE3      2 /* clone3(), handlers cleared by the kernel */
 #define SBX_HOW_INTO_CGROUP 4 /* born in cgroup_dirfd (CLONE_INTO_CGROUP) */
+#define SBX_HOW_PID1        8 /* PID 1 of a new PID namespace (clone) */
 
 /* A started child: the pid and the read end of its error pipe. */
 struct sbx_child {
@@ -229,14 +235,17 @@ struct sbx_tree_sample {
     uint64_t memory; /* bytes: anonymous + shmem resident + swap, summed */
     uint32_t tasks;  /* threads, summed */
     uint32_t procs;  /* processes (root included while it is alive) */
-    double cpu_user; /* seconds, live processes of the tree */
+    double cpu_user; /* seconds: the live processes and the children they reaped */
     double cpu_system;
     int root_alive; /* 0 once the root is a zombie or gone */
 };
 
-/* Sample the tree rooted at pid (the root and its descendants).
+/* Sample the tree rooted at pid (the root and its descendants); with
+ * skip_root, the root's own memory and tasks are left out (a PID
+ * namespace's reaper: a copy of the caller's memory, not the sandbox's),
+ * its reaped children's CPU is not.
  * Returns 0, or -1 with errno (ENOSYS where the platform has no way). */
-int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out);
+int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out);
 
 /* Send sig to the root, every descendant, and (pgid > 0) the process group.
  * For SIGKILL the tree is stopped first and re-walked until no new process

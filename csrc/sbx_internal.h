@@ -14,6 +14,10 @@ struct sbx_child_ctx {
     sigset_t saved_mask; /* the spawning thread's mask, restored before exec */
     int vforked;         /* sharing the parent's memory until exec */
     int how;             /* SBX_HOW_* of the clone that made the child */
+    /* A PID namespace's target runs this (no return): the setup after the
+     * namespaces, then exec (spawn.c). */
+    void (*target_main)(const struct sbx_child_ctx *ctx);
+    struct sigaction target_chld; /* the SIGCHLD disposition it gets back */
 };
 
 /* fds.c, parent side: a pipe with both ends close-on-exec (pipe2 where it
@@ -37,6 +41,9 @@ int sbx_seccomp_load_child(const struct sbx_spec *s);
 /* linux/namespaces.c, child side: enter spec->ns_flags' namespaces and
  * set them up; with CLONE_NEWPID returns only in the target's process. */
 void sbx_ns_enter_child(const struct sbx_child_ctx *ctx);
+/* linux/namespaces.c, parent side: clone PID 1 of a new PID namespace
+ * (fork-like: returns 0 in the child, which has SBX_HOW_PID1 in ctx->how). */
+pid_t sbx_ns_clone_pid1(struct sbx_child_ctx *ctx);
 /* linux/namespaces.c, in a probe's child: the same sequence for flags;
  * 0, or -1 with errno. */
 int sbx_ns_probe_child(long flags);

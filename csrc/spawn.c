@@ -257,6 +257,8 @@ static _Noreturn void exec_child(const struct sbx_child_ctx *ctx)
     sbx_child_fail(ctx, SBX_STEP_EXEC, saved ? saved : errno, 0);
 }
 
+static void child_setup_target(const struct sbx_child_ctx *ctx);
+
 /* The sandbox's setup: every step up to the preexec hook.  A fork_only
  * child stops here and returns to its caller's code. */
 static void child_setup(const struct sbx_child_ctx *ctx)
@@ -275,13 +277,24 @@ static void child_setup(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_SETSID, 0, setsid());
     if (s->pgid >= 0)
         SBX_CHILD_STEP(ctx, SBX_STEP_SETPGID, s->pgid, setpgid(0, s->pgid));
+    /* PID 1 of a new PID namespace sees its parent as pid 0; whether the
+     * parent is gone it learns from the status pipe (namespaces.c). */
     if (s->pdeathsig > 0)
         SBX_CHILD_STEP(ctx, SBX_STEP_PDEATHSIG, s->pdeathsig,
-                       set_pdeathsig_child(ctx, s->parent_pid));
+                       set_pdeathsig_child(ctx, (ctx->how & SBX_HOW_PID1) ? 0 : s->parent_pid));
     /* Before the rlimits (RLIMIT_NPROC would count the PID namespace's
      * reaper) and before chdir (the workspace may become a tmpfs). */
     if (s->ns_flags)
         sbx_ns_enter_child(ctx);
+    child_setup_target(ctx);
+}
+
+/* The setup steps after the namespaces: a PID namespace's target starts
+ * here (see child_main_target). */
+static void child_setup_target(const struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+
     sbx_rlimit_apply_child(ctx);
     if (s->cwd)
         SBX_CHILD_STEP(ctx, SBX_STEP_CHDIR, 0, chdir(s->cwd));
@@ -314,12 +327,28 @@ static void child_setup(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_SECCOMP, (int64_t)s->n_seccomp, sbx_seccomp_load_child(s));
 }
 
+static _Noreturn void child_exec(const struct sbx_child_ctx *ctx);
+
 /* The child sequence: one flat list, one step a line. */
 static _Noreturn void child_main(const struct sbx_child_ctx *ctx)
 {
+    child_setup(ctx);
+    child_exec(ctx);
+}
+
+#ifdef __linux__
+/* A PID namespace's target: PID 1 did the steps up to the namespaces. */
+static void child_main_target(const struct sbx_child_ctx *ctx)
+{
+    child_setup_target(ctx);
+    child_exec(ctx);
+}
+#endif
+
+static _Noreturn void child_exec(const struct sbx_child_ctx *ctx)
+{
     const struct sbx_spec *s = ctx->spec;
 
-    child_setup(ctx);
     if (s->hook)
         SBX_CHILD_STEP(ctx, SBX_STEP_PREEXEC, 0, (s->hook(s->hook_arg) == 0 ? 0 : (errno = 0, -1)));
     sbx_fds_keep_child(ctx);
@@ -485,8 +514,8 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
 
     memset(&ctx, 0, sizeof ctx);
     ctx.spec = spec;
-    /* A PID namespace's outer child lives on as the target's mirror: it
-     * cannot share our memory.  Nor can a child that changes uid or gid:
+    /* PID 1 of a PID namespace lives on as the target's reaper: it cannot
+     * share our memory.  Nor can a child that changes uid or gid:
      * the kernel would mark the shared memory, ours, not dumpable (CPython
      * forks in that case too). */
     ctx.vforked = SBX_USE_VFORK && spec->hook == NULL && !spec->fork_only &&
@@ -538,7 +567,18 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
             munmap(stack, SBX_CHILD_STACK);
     } else
 #endif
-    {
+    if (spec->ns_flags & SBX_CLONE_NEWPID) {
+#ifdef __linux__
+        ctx.target_main = child_main_target;
+        pid = sbx_ns_clone_pid1(&ctx);
+        saved_errno = errno;
+        if (pid == 0)
+            child_main(&ctx);
+#else
+        pid = -1;
+        saved_errno = ENOSYS;
+#endif
+    } else {
         pid = fork();
         saved_errno = errno;
         if (pid == 0 && spec->fork_only) {

@@ -598,6 +598,28 @@ class Cgroup:
                 s.pids_refused = _kv(self._get("pids", "pids.events")).get("max", 0)
         return s
 
+    def counters(self, which: Iterable[str]) -> tuple[int, int, float | None]:
+        """(OOM kills, refused forks, CPU seconds) now, of the fields in
+        `which` (memory, pids, cpu_time): the evidence that a limit was hit,
+        read cheaply enough to sample.  CPU is None where not read or where
+        no counter exists (a v1 machine without cpuacct)."""
+        oom = refused = 0
+        cpu: float | None = None
+        v2 = self.site.version == 2
+        for field in which:
+            if field == "memory":
+                text = self._get("memory", "memory.events" if v2 else "memory.oom_control")
+                oom = _kv(text).get("oom_kill", 0)
+            elif field == "pids":
+                refused = _kv(self._get("pids", "pids.events")).get("max", 0)
+            elif v2:
+                usec = _kv(self._get("cpu", "cpu.stat")).get("usage_usec")
+                cpu = None if usec is None else usec / 1e6
+            else:
+                ns = self._get("cpuacct", "cpuacct.usage").strip()
+                cpu = int(ns) / 1e9 if ns.isdigit() else None
+        return oom, refused, cpu
+
     def remove(self) -> bool:
         """rmdir every directory; True when all are gone.  An EBUSY (still
         populated) leaves the rest for a later call."""

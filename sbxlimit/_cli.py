@@ -89,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--truncate-output", action="store_true", help="past --output, discard instead of kill"
     )
+    r.add_argument(
+        "--tolerate",
+        metavar="LIMITS",
+        help="comma-separated limits (memory, pids, disk) whose refusals do not end the "
+        "sandbox: the program sees EAGAIN/ENOSPC and may go on",
+    )
     r.add_argument("--deny-network", action="store_true", help="no network access")
     r.add_argument("--writable", action="append", default=[], metavar="PATH")
     r.add_argument("--deny-read", action="append", default=[], metavar="PATH")
@@ -210,6 +216,12 @@ def _limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Limits
             values[field] = v
     if args.truncate_output:
         values["truncate_output"] = True
+    if args.tolerate:
+        try:
+            Limits(tolerate=args.tolerate)
+        except ConfigError as e:
+            parser.error(f"--tolerate {args.tolerate}: {e.problem}")
+        values["tolerate"] = args.tolerate
     return Limits(**values) if values else None
 
 

@@ -47,6 +47,12 @@ class Plan:
     downgrades: dict[str, str] = dataclasses.field(default_factory=dict)
     watch_memory: int | None = None
     watch_pids: int | None = None
+    watch_cpu_time: float | None = None  # the tree's CPU (no cgroup)
+    # Limits the cgroup's counters decide, (field, limit, mechanism): an
+    # OOM kill (memory), a refused fork (pids), the CPU used (cpu_time)
+    # ends the whole sandbox, unless the limit is tolerated.
+    cg_ends: tuple[tuple[str, float, str], ...] = ()
+    tolerate: frozenset[str] = frozenset()
     wall_time: float | None = None
     output: int | None = None
     truncate_output: bool = False
@@ -64,6 +70,10 @@ class Plan:
     landlock: int = 0  # Landlock ABI used for the file rules; 0: none
     keep_workspace: bool = False
     disk: int | None = None  # bytes the workspace may hold (watchdog)
+    # The tmpfs's size: past the limit by a margin, so that a write past the
+    # limit is seen (and ends the sandbox) rather than refused unseen;
+    # exactly the limit when disk is tolerated (refusal semantics).
+    tmpfs_size: int = 0
     # Namespaces (csrc/linux/namespaces.c): CLONE_NEW* flags for the child;
     # user_ns: through an unprivileged user namespace (uid/gid map to self).
     ns_flags: int = 0
@@ -78,14 +88,19 @@ class Plan:
     caps_keep: int = 0
     new_session: bool = False  # setsid: no controlling terminal
     ro_view: bool = False  # the host read-only in a mount namespace of its own
+    # The PID namespace is the default's (no cgroup), not isolate_pids=True:
+    # no mount namespace or /proc of its own.
+    pidns_tree: bool = False
 
     @property
     def needs_monitor(self) -> bool:
         return (
             self.watch_memory is not None
             or self.watch_pids is not None
+            or self.watch_cpu_time is not None
             or self.wall_time is not None
-            or (self.disk is not None and not self.disk_tmpfs)
+            or bool(self.cg_ends)
+            or self.disk is not None
         )
 
     @property
@@ -131,27 +146,44 @@ _cache: dict[tuple[object, ...], Plan] = {}
 _NO_SITE = Site(0, reason="cgroups not considered")
 
 
-def plan(limits: Limits | None, policy: Policy | None, *, uid: int, site: Site = _NO_SITE) -> Plan:
+def plan(
+    limits: Limits | None,
+    policy: Policy | None,
+    *,
+    uid: int,
+    site: Site = _NO_SITE,
+    forked: bool = False,
+) -> Plan:
     """Decide mechanisms for `limits` and `policy`; `uid` is the user the
     program will run as (RLIMIT_NPROC counts that user's processes); `site`
     is where its cgroup can go (``_cgroup.discover()``).
 
     Plans are cached: the same request on the same machine state gets the
     same (read-only) Plan.  The key includes the inherited hard limits,
-    which decide clamping for an unprivileged process."""
+    which decide clamping for an unprivileged process.  `forked`: the
+    sandbox runs a Python callable, not a program (no PID namespace by
+    default: PID 2 needs a program to exec)."""
     privileged = can_raise_hard_limits()
     hard = () if privileged else tuple(resource.getrlimit(r)[1] for r in _HARD)
-    key = (limits, policy, uid, privileged, hard, site)
+    key = (limits, policy, uid, privileged, hard, site, forked)
     p = _cache.get(key)
     if p is None:
         if len(_cache) > 256:
             _cache.clear()
-        p = _cache[key] = _plan(limits, policy, uid=uid, privileged=privileged, site=site)
+        p = _cache[key] = _plan(
+            limits, policy, uid=uid, privileged=privileged, site=site, forked=forked
+        )
     return p
 
 
 def _plan(
-    limits: Limits | None, policy: Policy | None, *, uid: int, privileged: bool, site: Site
+    limits: Limits | None,
+    policy: Policy | None,
+    *,
+    uid: int,
+    privileged: bool,
+    site: Site,
+    forked: bool = False,
 ) -> Plan:
     p = Plan(active=limits is not None or policy is not None)
     if not p.active:
@@ -168,14 +200,27 @@ def _plan(
     _rlimit(p, "", resource.RLIMIT_CORE, 0, 0, "", privileged)
     p.enforced["core_dumps"] = "rlimit:RLIMIT_CORE"
 
+    ends: list[tuple[str, float, str]] = []
     if limits is not None:
         p.kill_grace = limits.kill_grace
+        p.tolerate = limits.tolerate
         if limits.cpu_time is not None:
-            # SIGXCPU at the soft limit, SIGKILL one second later.
+            # The whole sandbox's CPU, sampled (the cgroup's counter, else the
+            # tree's with the children it reaped); RLIMIT_CPU stays as a
+            # per-process backstop: SIGXCPU at the soft limit, SIGKILL one
+            # second later.
             soft = math.ceil(limits.cpu_time)
-            _rlimit(
-                p, "cpu_time", resource.RLIMIT_CPU, soft, soft + 1, "rlimit:RLIMIT_CPU", privileged
-            )
+            whole = ""
+            if site.version == 2 or any(c == "cpuacct" for c, _d in site.parents):
+                whole = f"{site.label}:" + ("cpu.stat" if site.version == 2 else "cpuacct.usage")
+                ends.append(("cpu_time", limits.cpu_time, whole))
+            elif tree:
+                whole = "watchdog:cpu_time"
+                p.watch_cpu_time = limits.cpu_time
+            mech = f"{whole}+rlimit:RLIMIT_CPU" if whole else "rlimit:RLIMIT_CPU"
+            _rlimit(p, "cpu_time", resource.RLIMIT_CPU, soft, soft + 1, mech, privileged)
+            if not whole:
+                p.enforced["cpu_time"] += " (per process: no cgroup and no tree watchdog here)"
         if limits.file_size is not None:
             n = limits.file_size
             _rlimit(p, "file_size", resource.RLIMIT_FSIZE, n, n, "rlimit:RLIMIT_FSIZE", privileged)
@@ -188,14 +233,17 @@ def _plan(
             n = limits.memory
             if site.version == 2:
                 settings += [("", "memory.max", str(n)), ("", "memory.swap.max", "0")]
-                # The sandbox dies as a whole, not one process of it.
-                settings.append(("", "memory.oom.group", "1"))
+                if "memory" not in limits.tolerate:
+                    # The sandbox dies as a whole, not one process of it.
+                    settings.append(("", "memory.oom.group", "1"))
                 p.enforced["memory"] = "cgroup2:memory.max"
             else:
                 settings.append(("memory", "memory.limit_in_bytes", str(n)))
                 if site.swap:
                     settings.append(("memory", "memory.memsw.limit_in_bytes", str(n)))
                 p.enforced["memory"] = "cgroup1:memory.limit_in_bytes"
+            if "memory" not in limits.tolerate:
+                ends.append(("memory", n, p.enforced["memory"]))
         elif limits.memory is not None:
             # RLIMIT_DATA, not RLIMIT_AS: runtimes that reserve large
             # PROT_NONE ranges (V8, the JVM, Go) break under an AS cap.
@@ -213,6 +261,8 @@ def _plan(
         if limits.pids is not None and site.has("pids"):
             settings.append(("" if site.version == 2 else "pids", "pids.max", str(limits.pids)))
             p.enforced["pids"] = f"{site.label}:pids.max"
+            if "pids" not in limits.tolerate:
+                ends.append(("pids", limits.pids, p.enforced["pids"]))
         elif limits.pids is not None:
             p.fallbacks["pids"] = _no_cgroup(site, "pids")
             _plan_pids(p, limits.pids, uid=uid, tree=tree, privileged=privileged)
@@ -246,10 +296,16 @@ def _plan(
                 # A tmpfs of that size over the private workspace, in a
                 # mount namespace of the child's: writes past it fail.
                 p.disk_tmpfs = True
+                n = limits.disk
+                p.tmpfs_size = n if "disk" in limits.tolerate else n + max(1 << 20, n // 16)
                 p.ns_flags |= CLONE_NEWNS
                 p.user_ns = p.user_ns or ns.user
                 p.enforced["disk"] = (
                     f"{ns.label('mountns')}+tmpfs:size (writes past it fail with ENOSPC; "
+                    "memory-backed: its pages count toward the memory limit)"
+                    if "disk" in limits.tolerate
+                    else f"{ns.label('mountns')}+tmpfs:size+watchdog:disk (the tmpfs holds "
+                    "the limit + 1/16, at least 1 MiB; past the limit the sandbox is ended; "
                     "memory-backed: its pages count toward the memory limit)"
                 )
             else:
@@ -263,8 +319,61 @@ def _plan(
 
     if policy is not None:
         _plan_policy(p, policy, uid)
+    if LINUX and not forked and (policy is None or policy.isolate_pids is None):
+        _plan_tree(p, site)
+    if (
+        limits is not None
+        and limits.pids is not None
+        and "pids" not in limits.tolerate
+        and p.enforced["pids"].startswith("rlimit")
+    ):
+        _nproc_room(p, limits.pids)
     p.cgroup_settings = tuple(settings)
+    p.cg_ends = tuple(ends)
     return p
+
+
+def _nproc_room(p: Plan, pids: int) -> None:
+    """RLIMIT_NPROC one past the limit, so that the watchdog sees a tree
+    past it and ends the sandbox (at the limit, a program that retries
+    refused forks would spin until wall_time).  In a user namespace of its
+    own the count is the sandbox's alone (the kernel counts per user
+    namespace), PID 1 included."""
+    room = pids + 1 + (1 if p.ns_flags & CLONE_NEWPID else 0)
+    if not can_raise_hard_limits():
+        cur_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        room = room if cur_hard == _INF else min(room, cur_hard)
+    p.rlimits = [
+        (res, room, room) if res == resource.RLIMIT_NPROC and soft >= pids else (res, soft, hard)
+        for res, soft, hard in p.rlimits
+    ]
+    if p.user_ns:
+        mech = p.enforced["pids"].split(" (", 1)[0]
+        p.enforced["pids"] = f"{mech} (counted in the sandbox's own user namespace)"
+
+
+def _plan_tree(p: Plan, site: Site) -> None:
+    """Where no cgroup holds the tree, a PID namespace does: when its
+    reaper (PID 1) dies, the kernel kills every process left in it, so a
+    kill misses nothing (the process-tree walk misses a double fork that
+    changed session)."""
+    if site.version or p.ns_flags & CLONE_NEWPID:
+        return
+    ns = namespaces(CLONE_NEWPID)
+    if ns.ok:
+        p.ns_flags |= CLONE_NEWPID
+        p.user_ns = p.user_ns or ns.user
+        p.pidns_tree = True
+        p.enforced["isolate_pids"] = (
+            f"{ns.label('pidns')} (no cgroup: the sandbox's tree is a PID namespace, "
+            "everything in it ends with it)"
+        )
+    else:
+        p.enforced["isolate_pids"] = (
+            "proctree (no cgroup and no PID namespace: "
+            f"{ns.reason}; a kill walks the process tree and the process group, which a "
+            "process that double-forks and changes session escapes)"
+        )
 
 
 def _no_cgroup(site: Site, controller: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from ._errors import ConfigError
@@ -90,6 +90,14 @@ class Limits:
         address_space: opt-in RLIMIT_AS cap (breaks runtimes that reserve
             large address ranges: V8, the JVM, Go).
         truncate_output: keep running past ``output`` and discard the rest.
+        tolerate: limits whose refusals the program may handle and go on:
+            ``"pids"`` (a refused fork or thread: EAGAIN), ``"disk"`` (a full
+            workspace: ENOSPC), ``"memory"`` (a refused allocation, or one
+            process killed by the cgroup's OOM killer).  By default a limit
+            that is hit ends the whole sandbox with that reason; a tolerated
+            one is still held, listed in ``Termination.hits`` with counts,
+            and ends the sandbox only where nothing else can hold it (the
+            no-cgroup watchdogs).
     """
 
     memory: int | None = None
@@ -104,6 +112,7 @@ class Limits:
     kill_grace: float = 5.0
     address_space: int | None = None
     truncate_output: bool = False
+    tolerate: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -120,6 +129,7 @@ class Limits:
         kill_grace: Duration = 5.0,
         address_space: Size | None = None,
         truncate_output: bool = False,
+        tolerate: Iterable[str] = (),
     ) -> None:
         def put(name: str, value: object) -> None:
             object.__setattr__(self, name, value)
@@ -157,6 +167,7 @@ class Limits:
         put("kill_grace", parse_seconds("Limits.kill_grace", self.kill_grace, allow_zero=True))
         if not isinstance(self.truncate_output, bool):
             raise ConfigError("Limits.truncate_output", self.truncate_output, "expected a bool")
+        put("tolerate", _parse_tolerate(tolerate))
 
     # -- constructors -------------------------------------------------------
 
@@ -235,7 +246,7 @@ class Limits:
         values: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             mine, theirs = getattr(self, f.name), getattr(ceiling, f.name)
-            if f.name == "truncate_output" or theirs is None:
+            if f.name in _KNOBS_OWN or theirs is None:
                 values[f.name] = mine
             elif mine is None:
                 values[f.name] = theirs
@@ -258,6 +269,7 @@ class Limits:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if d["cpu"] is not None:
             d["cpu"] = f"{int(d['cpu'])}m"
+        d["tolerate"] = sorted(d["tolerate"])
         return d
 
     def asked(self) -> dict[str, Any]:
@@ -265,8 +277,29 @@ class Limits:
         return {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if getattr(self, f.name) is not None and f.name not in ("kill_grace", "truncate_output")
+            if getattr(self, f.name) is not None and f.name not in _KNOBS
         }
+
+
+# Fields that say how, not how much: not limits of their own.
+_KNOBS = ("kill_grace", "truncate_output", "tolerate")
+# Kept from the request when an operator's ceiling clamps it.
+_KNOBS_OWN = ("truncate_output", "tolerate")
+TOLERABLE = ("memory", "pids", "disk")
+
+
+def _parse_tolerate(value: object) -> frozenset[str]:
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not isinstance(value, Iterable) or not all(isinstance(v, str) for v in value):
+        raise ConfigError("Limits.tolerate", value, "expected names of limits")
+    names: frozenset[str] = frozenset(value)
+    bad = sorted(map(repr, names - set(TOLERABLE)))
+    if bad:
+        raise ConfigError(
+            "Limits.tolerate", ", ".join(bad), f"only {', '.join(TOLERABLE)} can be tolerated"
+        )
+    return names
 
 
 def coerce_fields(cls: type[_T], value: object, arg: str) -> _T | None:

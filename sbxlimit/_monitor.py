@@ -88,10 +88,14 @@ class Watch:
 
     __slots__ = (
         "audit",
-        "cg_memory",
+        "cg_ends",
         "cgroup",
+        "counts",
+        "cpu_seen",
+        "cpu_time",
         "deadline",
         "disk",
+        "disk_ends",
         "disk_used",
         "done",
         "exited_at",
@@ -108,6 +112,7 @@ class Watch:
         "pid",
         "pidfd",
         "pids_limit",
+        "reaper",
         "sigkill_at",
         "start",
         "tasks_now",
@@ -129,15 +134,19 @@ class Watch:
         grace: float,
         interval: float,
         cgroup: Cgroup | None = None,
-        cg_memory: tuple[int, str] | None = None,
+        cg_ends: tuple[tuple[str, float, str], ...] = (),
         warn_memory: tuple[int, int, str] | None = None,
         audit_fields: dict[str, Any] | None = None,
         disk: tuple[str | int, int] | None = None,
+        disk_ends: bool = True,
+        cpu_time: float | None = None,
+        reaper: bool = False,
     ) -> None:
         self.pid = pid
         # (workspace, limit): its size is sampled; an int is the fd of a
         # size-capped tmpfs (statvfs: cheap, and the kernel holds the cap).
         self.disk = disk
+        self.disk_ends = disk_ends  # past the limit ends the sandbox (else: warnings only)
         self.disk_used = 0
         self.warn_disk: int | None = None  # bytes: one resource_warning past them
         self.on_exit: Any = None  # called (monitor thread) when the leader exits
@@ -146,9 +155,18 @@ class Watch:
         self.warn_memory = warn_memory
         self.audit = audit_fields
         self.cgroup = cgroup
-        # (limit, mechanism) of a v1 memory cgroup: its OOM kill takes one
-        # process, the sampler ends the rest.
-        self.cg_memory = cg_memory
+        # (field, limit, mechanism) decided by the cgroup's counters: an OOM
+        # kill, a refused fork, the CPU used; one hit ends the sandbox.
+        self.cg_ends = cg_ends
+        self.cpu_time = cpu_time  # the tree's CPU seconds (no cgroup)
+        # The leader is a PID namespace's reaper: a copy of our memory, not
+        # the sandbox's, left out of samples.
+        self.reaper = reaper
+        # The tree's (user, system) CPU at the last sample: it counts the
+        # processes that a kill left unreaped, which rusage cannot.
+        self.cpu_seen = (0.0, 0.0)
+        # How often a limit was hit (OOM kills, refused forks), for messages.
+        self.counts: dict[str, int] = {}
         self.pidfd = -1  # watched by the monitor for the leader's exit
         self.pgid = pgid  # > 0: the sandbox leads this process group
         self.start = start
@@ -158,13 +176,14 @@ class Watch:
         self.pids_limit = pids
         self.grace = grace
         self.interval = interval
-        # A v1 cgroup holding memory is sampled: its OOM killer takes one
-        # process, the sampler ends the rest.  v2 needs nothing
-        # (memory.oom.group, memory.peak, pids.peak).
+        # A cgroup's counters are sampled: its OOM killer takes one process
+        # (on v2 too, when a process made itself unkillable with
+        # oom_score_adj), a refused fork leaves a program that retries.
         sampled = (
             memory is not None
             or pids is not None
-            or cg_memory is not None
+            or bool(cg_ends)
+            or cpu_time is not None
             or warn_memory is not None
             or disk is not None
         )
@@ -562,7 +581,7 @@ class Monitor:
             self._sample_cgroup(w, w.cgroup)
             return
         try:
-            memory, tasks, _procs, _u, _s, alive = _core.tree_sample(w.pid)
+            memory, tasks, _procs, user, system, alive = _core.tree_sample(w.pid, w.reaper)
         except OSError:
             w.next_sample = None
             return
@@ -570,20 +589,45 @@ class Monitor:
             self._leader_exited(w)
             return
         self._defer_warning(w.observe(memory, tasks))
+        if user + system > sum(w.cpu_seen):
+            w.cpu_seen = (user, system)
         if w.kill is not None:
             return
         if w.memory_limit is not None and memory > w.memory_limit:
             self._start_kill(w, KillRecord("memory", w.memory_limit, memory, "watchdog:memory"), 0)
         elif w.pids_limit is not None and tasks > w.pids_limit:
             self._start_kill(w, KillRecord("pids", w.pids_limit, tasks, "watchdog:pids"), 0)
+        elif w.cpu_time is not None and user + system >= w.cpu_time:
+            used = round(user + system, 3)
+            self._start_kill(w, KillRecord("cpu_time", w.cpu_time, used, "watchdog:cpu_time"), 0)
 
     def _sample_cgroup(self, w: Watch, cg: Cgroup) -> None:
-        st = cg.stats()
-        self._defer_warning(w.observe(st.memory_now or 0, st.pids_now or 0))
-        if w.kill is None and w.cg_memory is not None and st.oom_kills:
-            limit, mech = w.cg_memory
-            peak = max(st.memory_peak or 0, w.memory_peak)
-            self._start_kill(w, KillRecord("memory", limit, peak, mech), 0)
+        if w.warn_memory is not None:
+            st = cg.stats(evidence=False)
+            self._defer_warning(w.observe(st.memory_now or 0, st.pids_now or 0))
+        if not w.cg_ends:
+            return
+        oom_kills, refused, cpu = cg.counters(f for f, _l, _m in w.cg_ends)
+        if oom_kills:
+            w.counts["memory"] = oom_kills
+            w.hits.add("memory")
+        if refused:
+            w.counts["pids"] = refused
+            w.hits.add("pids")
+        if w.kill is not None:
+            return
+        for field, limit, mech in w.cg_ends:
+            if field == "memory" and oom_kills:
+                peak = cg.stats(evidence=False).memory_peak or w.memory_peak or None
+                record = KillRecord("memory", limit, peak, mech, str(oom_kills))
+            elif field == "pids" and refused:
+                record = KillRecord("pids", limit, int(limit) + 1, mech, str(refused))
+            elif field == "cpu_time" and cpu is not None and cpu >= limit:
+                record = KillRecord("cpu_time", limit, round(cpu, 3), mech)
+            else:
+                continue
+            self._start_kill(w, record, 0)
+            return
 
     def _sample_disk(self, w: Watch, path: str | int, limit: int) -> None:
         if isinstance(path, int):
@@ -595,12 +639,14 @@ class Monitor:
         else:
             used, mech = _workspace.size(path), "watchdog:disk"
         w.disk_used = max(w.disk_used, used)
+        if used >= limit:
+            w.hits.add("disk")
         if w.warn_disk is not None and used >= w.warn_disk:
             w.warn_disk = None  # once
             fields = {"field": "disk", "limit": limit, "observed": used}
             self._defer_warning({**fields, "mechanism": mech, **(w.audit or {})})
-        if w.kill is None and used > limit:
-            self._start_kill(w, KillRecord("disk", limit, used, "watchdog:disk"), 0)
+        if w.kill is None and w.disk_ends and used > limit:
+            self._start_kill(w, KillRecord("disk", limit, used, mech), 0)
 
     def _defer_warning(self, fields: dict[str, Any] | None) -> None:
         if fields is not None:

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterable
 
 from . import _core
-from ._enforce import CLONE_NEWNET, CLONE_NEWUSER, Plan
+from ._enforce import CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER, Plan
 from ._landlock import writable_rights
 from ._policy import Policy
 from ._protected import within
@@ -68,7 +68,7 @@ class Spawn:
     """The ``ns`` tuple for ``_core.spawn``, and the socket the workspace's
     fd comes back on.  ``close()`` releases what the parent holds."""
 
-    __slots__ = ("_recv", "args", "child_end")
+    __slots__ = ("_recv", "args", "child_end", "status_r", "status_w")
 
     def __init__(
         self,
@@ -94,11 +94,15 @@ class Spawn:
             owner_uid = os.geteuid() if uid is None else uid
             owner_gid = os.getegid() if gid is None else gid
             tmpfs = os.fsencode(workspace)
-            opts = f"size={plan.disk},mode=0700,uid={owner_uid},gid={owner_gid}".encode()
+            opts = f"size={plan.tmpfs_size},mode=0700,uid={owner_uid},gid={owner_gid}".encode()
             mkdir = os.fsencode(os.path.join(workspace, "tmp"))
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._recv = parent
             self.child_end = child.detach()
+        # PID 1 of a PID namespace writes the target's wait status here.
+        self.status_r = self.status_w = -1
+        if flags & CLONE_NEWPID:
+            self.status_r, self.status_w = os.pipe2(os.O_CLOEXEC)
         loopback = bool(flags & CLONE_NEWNET)
         entries: View = []
         ro_root = own_dev = False
@@ -121,12 +125,20 @@ class Spawn:
             entries,
             ro_root,
             own_dev,
+            self.status_w,
         )
 
     def take_child_end(self) -> int:
         """The child's end, for the core to close after the spawn."""
         fd, self.child_end = self.child_end, -1
         return fd
+
+    def take_status_ends(self) -> tuple[int, int]:
+        """(read end, for the caller to read at reap; write end, for the
+        core to close after the spawn)."""
+        ends = (self.status_r, self.status_w)
+        self.status_r = self.status_w = -1
+        return ends
 
     def receive_fd(self) -> int | None:
         """The workspace's root fd the child sent (it did before execve)."""
@@ -152,6 +164,10 @@ class Spawn:
         return fds[0]
 
     def close(self) -> None:
+        for fd in (self.status_r, self.status_w):
+            if fd >= 0:
+                os.close(fd)
+        self.status_r = self.status_w = -1
         if self._recv is not None:
             self._recv.close()
             self._recv = None

@@ -14,6 +14,7 @@ import errno
 import itertools
 import os
 import pwd
+import select
 import signal
 import subprocess
 import sys
@@ -46,6 +47,12 @@ _DEFAULT_INTERVAL = 0.1
 _dying_with_us: weakref.WeakSet[Popen] = weakref.WeakSet()
 _NO_PLAN = Plan()  # a plain Popen: no limits, no policy
 _LINUX = sys.platform.startswith("linux")
+
+
+def _readable(fd: int) -> bool:
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def _target_uid(user: Any) -> int:
@@ -116,6 +123,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _sbx_warn_at: float | None = 0.9
     _sbx_workspace: str | None = None  # the private workspace, until close()
     _sbx_ws_fd = -1  # the size-capped tmpfs over it (mount namespace): its root
+    # A PID namespace's PID 1 (our child) writes the target's wait status
+    # here: the status the caller sees, signals included.
+    _sbx_status_fd = -1
     _sbx_disk: int | None = None  # its size when the program ended
     _sbx_disk_full = False  # the tmpfs was full when the program ended
     _sbx_quota: Any = None  # a Quota admission, released at reap
@@ -192,7 +202,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             raise ConfigError("cgroup_parent", cgroup_parent, site.reason)
         if not site.version and site.explicit and (self.limits or self.policy):
             warn_explicit_site(site)
-        p = self._sbx_plan = plan(self.limits, self.policy, uid=_target_uid(user), site=site)
+        p = self._sbx_plan = plan(
+            self.limits,
+            self.policy,
+            uid=_target_uid(user),
+            site=site,
+            forked=self._sbx_target is not None,
+        )
         if self._sbx_target is not None and p.ns_flags & CLONE_NEWPID:
             raise ConfigError(
                 "Policy.isolate_pids",
@@ -428,6 +444,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 close_after.append(landlock_fd)
             if ns is not None and ns.child_end >= 0:
                 close_after.append(ns.take_child_end())
+            if ns is not None and ns.status_w >= 0:
+                self._sbx_status_fd, status_w = ns.take_status_ends()
+                close_after.append(status_w)
             self._sbx_start = time.monotonic()
             self._closed_child_pipe_fds = True  # the core closes them from here on
             try:
@@ -466,6 +485,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             except BaseException:
                 for pump in pumps:
                     pump.discard()
+                if self._sbx_status_fd >= 0:
+                    os.close(self._sbx_status_fd)
+                    self._sbx_status_fd = -1
                 self._sbx_release_cgroup()
                 self._sbx_remove_profile()
                 raise
@@ -480,6 +502,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 self._sbx_release_cgroup()
                 self._sbx_remove_profile()
                 step, err_no, detail, status = failure
+                if self._sbx_status_fd >= 0:
+                    os.close(self._sbx_status_fd)
+                    self._sbx_status_fd = -1
                 self.returncode = os.waitstatus_to_exitcode(status) if status else 0
                 raise child_error(step, err_no, detail, executable=executable, cwd=cwd)
 
@@ -501,9 +526,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             # end leftovers at once when someone reads the output: a leftover
             # holding the pipe would otherwise keep communicate() waiting.
             piped = c2pread != -1 or errread != -1
-            cg_sampled = self._sbx_cgroup is not None and self._sbx_cgroup.site.version == 1
             quota = self._sbx_quota is not None
-            if p.needs_monitor or pumps or (p.active and piped) or cg_sampled or quota:
+            if p.needs_monitor or pumps or (p.active and piped) or quota:
                 self._sbx_supervise(pid, pumps, piped or quota)
             elif self._sbx_warns() or (self._sbx_ws_fd >= 0 and self._sbx_warns_disk()):
                 self._sbx_supervise(pid, pumps, piped)
@@ -565,7 +589,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if p.disk is None:
             return None
         if self._sbx_ws_fd >= 0:
-            return (self._sbx_ws_fd, p.disk) if self._sbx_warns_disk() else None
+            # The tmpfs holds a margin past the limit: sampled to end the
+            # sandbox there (tolerated: to note that it was full).
+            return (self._sbx_ws_fd, p.disk)
         path = self._sbx_disk_path()
         return (path, p.disk) if path else None
 
@@ -587,11 +613,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         p = self._sbx_plan
         monitor = get_monitor()
         cg = self._sbx_cgroup
-        cg_memory = None
-        if cg is not None and cg.site.version == 1 and "memory" in p.enforced:
-            assert self.limits is not None and self.limits.memory is not None
-            if p.enforced["memory"].startswith("cgroup"):
-                cg_memory = (self.limits.memory, p.enforced["memory"])
         watch = self._sbx_watch = Watch(
             pid=pid,
             pgid=self._sbx_tree_pgid,
@@ -602,10 +623,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             grace=p.kill_grace,
             interval=self._sbx_interval,
             cgroup=cg,
-            cg_memory=cg_memory,
+            cg_ends=p.cg_ends if cg is not None else (),
+            cpu_time=p.watch_cpu_time,
+            reaper=bool(p.ns_flags & CLONE_NEWPID),
             warn_memory=self._sbx_warn_memory(),
             audit_fields=self._sbx_audit_fields() if audit.active() else None,
             disk=self._sbx_disk_watch(),
+            disk_ends=not (p.disk_tmpfs and "disk" in p.tolerate),
         )
         for pump in pumps:
             pump.watch = watch
@@ -722,6 +746,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             # subprocess), but the sandbox is over: clean up all the same.
             pid, sts, rusage = self.pid, 0, None
         if pid == self.pid:
+            sts = self._sbx_target_status(sts)
             self._sbx_rusage = rusage
             if self._sbx_end is None:
                 self._sbx_end = _monotonic()
@@ -737,6 +762,20 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     if disk_path is not None:
                         self._sbx_disk = _workspace.size(disk_path)
         return (pid, sts)
+
+    def _sbx_target_status(self, sts: int) -> int:
+        """PID 1's status, or the target's when PID 1 passed it on (PID 1
+        cannot die of a signal of its own; killed, it passes nothing)."""
+        fd, self._sbx_status_fd = self._sbx_status_fd, -1
+        if fd < 0:
+            return sts
+        try:
+            data = os.read(fd, 16) if _readable(fd) else b""
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
+        return int.from_bytes(data[:4], sys.byteorder, signed=True) if len(data) >= 4 else sts
 
     # -- audit events (sbxlimit.audit) ---------------------------------------
 
@@ -1016,7 +1055,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             cpu_u = cpu_s = None
             if _core.HAS_PROCTREE:
                 try:
-                    m, t, _procs, cpu_u, cpu_s, _alive = _core.tree_sample(self.pid)
+                    m, t, _procs, cpu_u, cpu_s, _alive = _core.tree_sample(
+                        self.pid, bool(self._sbx_plan.ns_flags & CLONE_NEWPID)
+                    )
                     memory, tasks = m, t
                     if w is not None:
                         warning = w.observe(m, t)

@@ -207,7 +207,14 @@ def _limit_message(
 ) -> str:
     used, cap = _amount(reason, observed), _amount(reason, limit)
     what = {
-        "memory": f"{program} was killed after using {used} of memory; its limit is {cap}",
+        "memory": f"{program} failed after its memory reached {used}, near its limit of "
+        f"{cap}: an allocation past the limit was refused (inferred: no counter records "
+        "the refusal)"
+        if detail == "refused"
+        else f"{program} was ended after using {used} of memory; its limit is {cap}, and "
+        f"the OOM killer had killed {detail} of its processes"
+        if detail.isdigit()
+        else f"{program} was killed after using {used} of memory; its limit is {cap}",
         "cpu_time": f"{program} was stopped after {used} of CPU time; its limit is {cap}",
         "wall_time": f"{program} was still running after {used} and was terminated; "
         f"its limit is {cap}",
@@ -216,7 +223,7 @@ def _limit_message(
         "file_size": f"{program} tried to write a file larger than its limit of {cap} and "
         "was stopped by SIGXFSZ",
         "pids": f"{program} tried to run more than {cap} processes and threads, its limit; "
-        f"the kernel refused {detail} of its forks"
+        f"the kernel refused {detail} of its forks and thread starts"
         if mechanism.startswith("cgroup")
         else f"{program} ran {used} processes and threads; its limit is {cap}, so the "
         "sandbox was killed",
@@ -258,12 +265,13 @@ def classify(
         reason: str, limit: Any, observed: Any, mechanism: str, detail: str = ""
     ) -> Termination:
         hit.add(reason)
+        message = _limit_message(program, reason, limit, observed, mechanism, detail)
         return Termination(
             reason=reason,
             limit=limit,
             observed=observed,
             mechanism=mechanism,
-            message=_limit_message(program, reason, limit, observed, mechanism, detail),
+            message=message + _on_the_way(hit, oom_kills, pids_refused, reason),
             returncode=returncode,
             signal=sig,
             hits=tuple(r for r in REASONS if r in hit),
@@ -273,6 +281,8 @@ def classify(
         hit.add("memory")
     if pids_refused and pids_limit is not None:
         hit.add("pids")
+    if disk_full and disk_limit is not None:
+        hit.add("disk")
     # What the supervisor did is the strongest evidence: it acted first.
     if kill is not None:
         return ended(kill.reason, kill.limit, kill.observed, kill.mechanism, kill.detail)
@@ -299,15 +309,28 @@ def classify(
             "file_size", file_size_limit, None, enforced.get("file_size", "rlimit:RLIMIT_FSIZE")
         )
 
-    if pids_refused and pids_limit is not None and returncode != 0 and not killed_by_caller:
+    failed = returncode != 0 and not killed_by_caller
+    if pids_refused and pids_limit is not None and failed:
         mech = enforced.get("pids", "cgroup")
         return ended("pids", pids_limit, usage.pids_peak, mech, str(pids_refused))
     if disk_full and disk_limit is not None:
-        hit.add("disk")
-        if returncode != 0 and not killed_by_caller:
+        if failed:
             return ended("disk", disk_limit, usage.disk, enforced.get("disk", "tmpfs:size"))
+    mem_mech = enforced.get("memory", "")
+    if (
+        failed
+        and memory_limit is not None
+        and "RLIMIT_DATA" in mem_mech
+        and usage.memory_peak is not None
+        and usage.memory_peak >= memory_limit * DATA_EVIDENCE
+    ):
+        # No counter records an allocation refused by RLIMIT_DATA: a program
+        # that failed after its memory reached the limit's neighbourhood is
+        # judged to have run out of it.
+        return ended("memory", memory_limit, usage.memory_peak, "rlimit:RLIMIT_DATA", "refused")
 
     hits_t = tuple(r for r in REASONS if r in hit)
+    on_the_way = _on_the_way(hit, oom_kills, pids_refused)
     if sig is not None:
         message = f"{program} was killed by {_signame(sig)} ({sig})."
         if killed_by_caller:
@@ -316,16 +339,33 @@ def classify(
             message += (
                 " Nothing in sbxlimit sent it; the kernel's OOM killer or another process may have."
             )
-        return Termination("signaled", None, None, None, message, returncode, sig, hits_t)
-    message = f"{program} exited with status {returncode}."
-    mem_mech = enforced.get("memory", "")
-    if returncode != 0 and memory_limit is not None and "RLIMIT_DATA" in mem_mech:
-        message += (
-            f" Note: each of its processes may allocate at most {format_bytes(memory_limit)} "
-            "(RLIMIT_DATA); past that, allocations fail with ENOMEM, which many programs "
-            "report as an error exit (Python: MemoryError)."
+        return Termination(
+            "signaled", None, None, None, message + on_the_way, returncode, sig, hits_t
         )
+    message = f"{program} exited with status {returncode}.{on_the_way}"
     return Termination("exited", None, None, None, message, returncode, None, hits_t)
+
+
+# Without a cgroup, a failed program whose memory (sampled, or its reaped
+# peak) reached this share of the limit ran out of it (RLIMIT_DATA).
+DATA_EVIDENCE = 0.75
+
+
+def _on_the_way(hit: set[str], oom_kills: int, pids_refused: int, reason: str = "") -> str:
+    """Limits hit without ending the sandbox (tolerated, or survived), with
+    counts where the kernel keeps them."""
+    parts = []
+    if "pids" in hit and reason != "pids":
+        n = f"{pids_refused:,} " if pids_refused else ""
+        parts.append(f"the kernel refused {n}forks or threads (pids)")
+    if "memory" in hit and reason != "memory":
+        n = f"{oom_kills:,} " if oom_kills else ""
+        parts.append(f"{n}process(es) were killed by the OOM killer (memory)")
+    if "disk" in hit and reason != "disk":
+        parts.append("the workspace was full (disk)")
+    if "output" in hit and reason != "output":
+        parts.append("output was truncated (output)")
+    return f" On the way: {'; '.join(parts)}." if parts else ""
 
 
 # ru_maxrss is KiB on Linux, bytes on macOS.
@@ -415,9 +455,12 @@ class Outcome:
                     throttled_seconds=cg.throttled_seconds,
                 )
                 return self._usage
+            user, system = (ru.ru_utime, ru.ru_stime) if ru is not None else (None, None)
+            if w is not None and sum(w.cpu_seen) > (user or 0) + (system or 0):
+                user, system = w.cpu_seen  # a kill left processes nobody waited for
             self._usage = Usage(
-                cpu_user=ru.ru_utime if ru is not None else None,
-                cpu_system=ru.ru_stime if ru is not None else None,
+                cpu_user=user,
+                cpu_system=system,
                 memory_now=0 if self.created else None,
                 memory_peak=peak,
                 pids_now=0 if self.created else None,

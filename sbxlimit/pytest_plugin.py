@@ -245,7 +245,9 @@ def _drop_none(lim: Mapping[str, Any]) -> dict[str, Any]:
     """Limits keyword arguments: None means unlimited, except for the knobs
     that have a default instead."""
     return {
-        k: v for k, v in lim.items() if v is not None or k not in ("kill_grace", "truncate_output")
+        k: v
+        for k, v in lim.items()
+        if v is not None or k not in ("kill_grace", "truncate_output", "tolerate")
     }
 
 

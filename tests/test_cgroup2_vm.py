@@ -1,4 +1,5 @@
-"""Runs tests/test_cgroups.py under a real cgroup v2 kernel, and
+"""Runs tests/test_cgroups.py (and, in one guest, tests/test_verdicts.py)
+under a real cgroup v2 kernel, and
 tests/test_escapes.py and tests/test_file_rules.py under a kernel without
 Landlock.
 
@@ -45,6 +46,7 @@ def test_cgroup_suite_under_cgroup2():
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     pytest_cmd += ["-p", "no:randomly"]
     cgroups = [os.path.join(HERE, "test_cgroups.py")]
+    verdicts = [os.path.join(HERE, "test_verdicts.py")]
     escapes = [os.path.join(HERE, f) for f in ("test_escapes.py", "test_file_rules.py")]
     # The guests share the host's files: each gets a temp dir of its own, or
     # one's leak check would see the other's workspaces.
@@ -52,7 +54,7 @@ def test_cgroup_suite_under_cgroup2():
     tmps = [tempfile.mkdtemp(prefix="cg2vm-tmp-") for _ in names]
     guests = dict(zip(names, tmps, strict=True))
     extra = {  # guest options, test files
-        "root cgroup": ([], cgroups),
+        "root cgroup": ([], cgroups + verdicts),
         "delegated leaf": (["--cgroup", "deleg/leaf"], cgroups),
         "no Landlock: escapes": ([], escapes),
     }

@@ -57,7 +57,7 @@ def test_json_to_a_file(tmp_path):
     assert r.returncode == 0 and r.stdout == "hi\n"
     doc = json.loads(out.read_text())
     assert doc["termination"]["reason"] == "exited"
-    assert doc["enforced"]["cpu_time"] == "rlimit:RLIMIT_CPU"
+    assert doc["enforced"]["cpu_time"].endswith("rlimit:RLIMIT_CPU")
 
 
 def test_output_flood_is_capped_and_streamed():

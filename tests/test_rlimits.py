@@ -35,7 +35,8 @@ def test_cpu_time_sigxcpu():
     # observed comes from rusage, sampled on ticks: it can read a little
     # under the scheduler's exact runtime that fired SIGXCPU.
     assert t.limit == 1.0 and t.observed >= 0.9
-    assert t.mechanism == "rlimit:RLIMIT_CPU"
+    # RLIMIT_CPU fires on the tick; the sandbox's own count may see it first.
+    assert t.mechanism == "rlimit:RLIMIT_CPU" or t.mechanism in r.enforced["cpu_time"]
     assert "CPU time" in t.message and "Limits.cpu_time" in t.message
     assert r.usage.cpu_total == t.observed
 
@@ -45,15 +46,16 @@ def test_cpu_time_hard_limit_kills_a_program_ignoring_sigxcpu():
     t0 = time.monotonic()
     r = run_py(code, limits=Limits(cpu_time=1))
     assert r.termination.reason == "cpu_time"
-    assert r.termination.signal == 9  # SIGKILL at soft + 1 s
-    assert r.termination.observed >= 1.9
+    # SIGKILL: the sandbox's count, else RLIMIT_CPU's hard limit (soft + 1 s).
+    assert r.termination.signal == 9
+    assert r.termination.observed >= 1.0
     assert time.monotonic() - t0 < 10
 
 
 def test_kill_tree_is_not_a_cpu_time_hit():
-    # Two children use 1.4 s of CPU between them, under 1 s each; the
-    # leader's rusage counts both once it has reaped them.
-    spin = "while time.process_time() - t < 0.7: pass"
+    # Two children use 0.8 s of CPU between them, under the sandbox's 1 s;
+    # the leader's rusage counts both once it has reaped them.
+    spin = "while time.process_time() - t < 0.4: pass"
     busy = f"{PY} -c 'import time; t = time.process_time(); exec(\"{spin}\")'"
     with sbxlimit.Popen(
         ["sh", "-c", f"{busy}; {busy}; echo ready; exec sleep 100"],
@@ -71,7 +73,7 @@ def test_kill_tree_is_not_a_cpu_time_hit():
 def test_cpu_time_under_limit_runs():
     r = run_py("sum(range(10**5))", limits=Limits(cpu_time=5))
     assert r.returncode == 0 and r.termination.reason == "exited"
-    assert r.enforced["cpu_time"] == "rlimit:RLIMIT_CPU"
+    assert r.enforced["cpu_time"].endswith("rlimit:RLIMIT_CPU")
 
 
 # -- open_files -----------------------------------------------------------
@@ -136,8 +138,11 @@ def test_memory_rlimit_data_refuses_one_big_allocation():
     )
     assert r.returncode == 1 and b"MemoryError" in r.stderr
     t = r.termination
-    assert t.reason == "exited"  # the program survived ENOMEM and exited
-    assert "RLIMIT_DATA" in t.message and "64.0 MiB" in t.message
+    # The program survived ENOMEM and exited: one refused allocation leaves
+    # no trace to judge by (no counter, its memory never grew), so no limit
+    # is blamed, and no note about one is added to every failure.
+    assert t.reason == "exited" and "memory" not in t.hits
+    assert "RLIMIT_DATA" not in t.message
     assert r.enforced["memory"].startswith("rlimit:RLIMIT_DATA")
 
 

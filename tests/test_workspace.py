@@ -77,9 +77,9 @@ def test_disk_limit_ends_with_reason_disk():
         assert t.reason == "disk", t
         assert t.limit == 16 << 20 and "workspace" in t.message
         if namespaces(CLONE_NEWNS).ok:
-            # A tmpfs of that size: the kernel refused the write at the cap.
-            assert "No space left on device" in err and p.returncode == 1
-            assert t.observed == t.limit == p.usage().disk
+            # A tmpfs a margin larger: past the limit the sandbox was ended
+            # (or, between two samples, the kernel refused at the margin).
+            assert t.limit < t.observed <= (16 << 20) + (1 << 20)
             assert "tmpfs:size" in t.mechanism
         else:
             assert t.observed > t.limit and p.usage().disk > 16 << 20

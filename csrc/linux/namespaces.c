@@ -446,8 +446,9 @@ static int wait_signal(const sigset_t *set)
 }
 
 /* PID 1: forward every signal to the target, reap every orphan, and when
- * the target is gone hand its status to the outer child and exit (the
- * kernel then kills what is left in the namespace). */
+ * the target is gone hand its status to the parent and exit with the same
+ * code (the kernel then kills what is left in the namespace).  PID 1
+ * cannot end by a signal of its own: the parent reads the status pipe. */
 static _Noreturn void reaper(pid_t target, int status_fd, const sigset_t *all)
 {
     for (;;) {
@@ -461,107 +462,148 @@ static _Noreturn void reaper(pid_t target, int status_fd, const sigset_t *all)
             continue;
         }
         while ((r = waitpid(-1, &st, WNOHANG)) > 0) {
-            if (r == target) {
-                _exit(write(status_fd, &st, sizeof st) == (ssize_t)sizeof st ? 0 : 126);
-            }
+            if (r != target)
+                continue;
+            if (status_fd >= 0)
+                (void)write(status_fd, &st, sizeof st);
+            _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
         }
     }
 }
 
-/* The outer child: forward signals to PID 1, then end as the target did. */
-static _Noreturn void mirror(pid_t init, int status_fd, const sigset_t *all)
+/* The parent is gone (it holds the status pipe's read end until it reaps
+ * us; getppid() says 0 across namespaces, so it cannot tell). */
+static int parent_gone(int status_fd)
 {
-    int st = 0, target_st;
-    ssize_t n;
+    struct pollfd pfd = {.fd = status_fd, .events = 0, .revents = 0};
 
-    for (;;) {
-        int sig = wait_signal(all);
-
-        if (sig < 0)
-            break;
-        if (sig == SIGCHLD) {
-            if (waitpid(init, &st, WNOHANG) == init)
-                break;
-            continue;
-        }
-        (void)kill(init, sig);
-    }
-    do {
-        n = read(status_fd, &target_st, sizeof target_st);
-    } while (n < 0 && errno == EINTR);
-    if (n == (ssize_t)sizeof target_st)
-        st = target_st; /* else PID 1 itself was killed: end as it did */
-    if (WIFSIGNALED(st)) {
-        int sig = WTERMSIG(st);
-        sigset_t one;
-
-        (void)signal(sig, SIG_DFL);
-        sigemptyset(&one);
-        sigaddset(&one, sig);
-        (void)kill(getpid(), sig);
-        (void)sigprocmask(SIG_UNBLOCK, &one, NULL);
-        _exit(128 + sig);
-    }
-    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 127);
+    return status_fd >= 0 && poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLERR);
 }
 
-/* Fork PID 1 and the target; returns only in the target. */
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+
+/* Fork-like clone: no CLONE_VM, so the child returns from the system call
+ * on its own copy of this stack.  Not glibc's fork(): no atfork handlers
+ * and a stale TID in the child's thread descriptor, so the child must not
+ * call raise(), abort() or pthread functions (it does not). */
+static long clone_forklike(uint64_t flags, int cgroup_fd)
+{
+    struct sbx_clone_args ca;
+    long r;
+
+    memset(&ca, 0, sizeof ca);
+    ca.flags = flags | (cgroup_fd >= 0 ? CLONE_INTO_CGROUP : 0);
+    ca.exit_signal = SIGCHLD;
+    ca.cgroup = (uint64_t)(cgroup_fd >= 0 ? cgroup_fd : 0);
+#ifdef SYS_clone3
+    r = syscall(SYS_clone3, &ca, sizeof ca);
+    if (r >= 0 || cgroup_fd >= 0 || (errno != ENOSYS && errno != EPERM))
+        return r;
+#endif
+    if (cgroup_fd >= 0) {
+        errno = ENOSYS;
+        return -1;
+    }
+    /* With every pointer NULL the argument order (it differs on s390)
+     * matters only for the flags. */
+#if defined(__s390__)
+    return syscall(SYS_clone, 0, (unsigned long)flags | SIGCHLD, NULL, NULL, 0);
+#else
+    return syscall(SYS_clone, (unsigned long)flags | SIGCHLD, 0, NULL, NULL, 0);
+#endif
+}
+
+pid_t sbx_ns_clone_pid1(struct sbx_child_ctx *ctx)
+{
+    const struct sbx_spec *s = ctx->spec;
+    uint64_t flags = CLONE_NEWPID | ((unsigned)s->ns_flags & CLONE_NEWUSER);
+    long r = -1;
+
+    ctx->how = SBX_HOW_PID1;
+    if (s->cgroup_dirfd >= 0) {
+        /* Born in its cgroup: inside a new user namespace, writing
+         * cgroup.procs may be refused. */
+        ctx->how = SBX_HOW_PID1 | SBX_HOW_CLONE3 | SBX_HOW_INTO_CGROUP;
+        r = clone_forklike(flags, s->cgroup_dirfd);
+        if (r >= 0)
+            return (pid_t)r;
+        ctx->how = SBX_HOW_PID1;
+    }
+    return (pid_t)clone_forklike(flags, -1);
+}
+
+/* The target: a CLONE_VM|CLONE_VFORK child of PID 1 (PID 1 is our own copy
+ * of the caller's memory, and waits until the exec). */
+static char target_stack[64 * 1024] __attribute__((aligned(16)));
+
+static int target_entry(void *arg)
+{
+    const struct sbx_child_ctx *ctx = arg;
+
+    (void)sigaction(SIGCHLD, &ctx->target_chld, NULL);
+    (void)sigprocmask(SIG_SETMASK, &ctx->saved_mask, NULL);
+    ctx->target_main(ctx);
+    _exit(127); /* not reached: target_main execs or fails */
+}
+
+/* In PID 1: mount /proc, start the target, become the reaper.  Returns
+ * only in a forked target (a preexec hook runs the caller's code there). */
 static void enter_pid_ns(const struct sbx_child_ctx *ctx)
 {
     const struct sbx_spec *s = ctx->spec;
-    struct sigaction dfl, chld;
-    sigset_t all, saved;
-    int fds[2];
-    pid_t init, target;
+    struct sbx_child_ctx tctx = *ctx;
+    struct sigaction dfl;
+    sigset_t all;
+    pid_t target;
 
-    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 0, sbx_pipe_cloexec(fds));
+    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 2,
+                   parent_gone(s->ns_status_fd) ? (errno = ESRCH, -1) : 0);
     sigfillset(&all);
-    (void)sigprocmask(SIG_BLOCK, &all, &saved);
-    /* Blocked signals queue for sigwaitinfo; an ignored SIGCHLD would
-     * reap children before we can read their status.  The target gets the
-     * caller's disposition back (execve keeps an ignored one). */
+    (void)sigprocmask(SIG_BLOCK, &all, &tctx.saved_mask);
+    /* Blocked signals queue for sigwaitinfo (a blocked signal reaches PID 1
+     * even without a handler); an ignored SIGCHLD would reap children
+     * before we can read their status.  The target gets the caller's
+     * disposition back (execve keeps an ignored one). */
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
-    (void)sigaction(SIGCHLD, &dfl, &chld);
-    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 0, init = fork());
-    if (init > 0) {
-        close(fds[1]);
-        close_all_but(fds[0]);
-        mirror(init, fds[0], &all);
-    }
-    /* PID 1 of the new namespace.  It dies with the outer child. */
-    close(fds[0]);
-    (void)prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    {
-        /* The outer child may have died before the prctl: then the pipe's
-         * read end is closed (getppid() says 0 across namespaces). */
-        struct pollfd pfd = {.fd = fds[1], .events = 0, .revents = 0};
-
-        if (poll(&pfd, 1, 0) > 0 && (pfd.revents & POLLERR))
-            _exit(127);
-    }
+    (void)sigaction(SIGCHLD, &dfl, &tctx.target_chld);
     /* A /proc of this namespace, so that ps and /proc/self agree with
      * getpid().  Best effort: a container may forbid it (a locked /proc),
-     * and the isolation itself does not depend on it. */
-    /* Read-only: uid 0 may write most of /proc/sys without a capability
-     * (core_pattern, for one), and the rest of the host is read-only too. */
+     * and the isolation itself does not depend on it.  Read-only: uid 0
+     * may write most of /proc/sys without a capability (core_pattern, for
+     * one), and the rest of the host is read-only too. */
     if (s->ns_flags & CLONE_NEWNS)
         (void)mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 1, target = fork());
-    if (target > 0) {
-        close_all_but(fds[1]);
-        reaper(target, fds[1], &all);
+    tctx.how &= ~SBX_HOW_PID1;
+    if (s->hook == NULL && ctx->target_main != NULL) {
+        target = clone(target_entry, target_stack + sizeof target_stack,
+                       CLONE_VM | CLONE_VFORK | SIGCHLD, &tctx);
+    } else {
+        target = fork();
+        if (target == 0) {
+            (void)sigaction(SIGCHLD, &tctx.target_chld, NULL);
+            (void)sigprocmask(SIG_SETMASK, &tctx.saved_mask, NULL);
+            return;
+        }
     }
-    close(fds[1]);
-    (void)sigaction(SIGCHLD, &chld, NULL);
-    (void)sigprocmask(SIG_SETMASK, &saved, NULL);
+    if (target < 0)
+        sbx_child_fail(ctx, SBX_STEP_NS_PID, errno, 1);
+    close_all_but(s->ns_status_fd);
+    reaper(target, s->ns_status_fd, &all);
 }
 
 void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
 {
     const struct sbx_spec *s = ctx->spec;
 
-    SBX_CHILD_STEP(ctx, SBX_STEP_NS_UNSHARE, s->ns_flags, unshare(s->ns_flags));
+    /* PID 1 was cloned into its PID (and user) namespace already. */
+    int flags = (ctx->how & SBX_HOW_PID1) ? s->ns_flags & ~(CLONE_NEWPID | CLONE_NEWUSER)
+                                          : s->ns_flags;
+
+    if (flags)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_UNSHARE, flags, unshare(flags));
     if ((s->ns_flags & CLONE_NEWUSER) && s->uid_map)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_IDMAP, 0, idmap(s->uid_map, s->gid_map));
     if ((s->ns_flags & CLONE_NEWNET) && s->ns_loopback)
@@ -579,7 +621,7 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
     }
     if ((s->ns_flags & CLONE_NEWNS) && (s->n_view || s->view_dev))
         view_finish_child(ctx);
-    if (s->ns_flags & CLONE_NEWPID)
+    if (ctx->how & SBX_HOW_PID1)
         enter_pid_ns(ctx);
 }
 

@@ -298,7 +298,7 @@ static int sample_push(void *arg, pid_t child)
     return vec_push(&w->v, child, -1, 0);
 }
 
-int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
+int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out)
 {
     static long ticks;
     struct sample_walk w;
@@ -322,20 +322,24 @@ int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
             continue; /* zombie: no memory, no children left */
         if (i == 0)
             out->root_alive = 1;
-        out->procs++;
-        out->tasks += (uint32_t)(st.threads ? st.threads : 1);
-        out->memory += 1024ULL * (st.rss_anon_kb + st.rss_shmem_kb + st.swap_kb);
+        if (i > 0 || !skip_root) {
+            out->procs++;
+            out->tasks += (uint32_t)(st.threads ? st.threads : 1);
+            out->memory += 1024ULL * (st.rss_anon_kb + st.rss_shmem_kb + st.swap_kb);
+        }
 
         snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
         if (read_small(path, buf, sizeof buf) > 0 && (rp = strrchr(buf, ')')) != NULL) {
-            unsigned long long ut = 0, stt = 0;
+            unsigned long long ut = 0, stt = 0, cut = 0, cst = 0;
             /* after ")": state(3) ppid pgrp session tty tpgid flags minflt
-             * cminflt majflt cmajflt utime(14) stime(15) */
-            if (sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-                       &stt) == 2 &&
+             * cminflt majflt cmajflt utime(14) stime(15) cutime cstime: the
+             * children it reaped count, as in a cgroup (an orphan's go to
+             * whoever reaps it: PID 1 of a PID namespace is in the tree). */
+            if (sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu",
+                       &ut, &stt, &cut, &cst) == 4 &&
                 ticks > 0) {
-                out->cpu_user += (double)ut / (double)ticks;
-                out->cpu_system += (double)stt / (double)ticks;
+                out->cpu_user += (double)(ut + cut) / (double)ticks;
+                out->cpu_system += (double)(stt + cst) / (double)ticks;
             }
         }
         if (for_each_child_of(pid, st.threads <= 1, sample_push, &w) < 0 && errno == E2BIG)
