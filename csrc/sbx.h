@@ -175,7 +175,7 @@ struct sbx_spec {
     int ns_loopback;
     const char *tmpfs_path, *tmpfs_opts, *tmpfs_mkdir;
     int tmpfs_sock;
-    int ns_status_fd; /* write end, close-on-exec; -1: none */
+    int ns_status_fd;        /* write end, close-on-exec; -1: none */
     uint64_t tmpfs_landlock; /* rights beneath the tmpfs in landlock_fd's ruleset */
     /* The read-only view of the host (CLONE_NEWNS): with view_ro_root every
      * mount becomes read-only and nosuid, except the trees of the SBX_VIEW_RW

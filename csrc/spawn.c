@@ -567,7 +567,7 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
             munmap(stack, SBX_CHILD_STACK);
     } else
 #endif
-    if (spec->ns_flags & SBX_CLONE_NEWPID) {
+        if (spec->ns_flags & SBX_CLONE_NEWPID) {
 #ifdef __linux__
         ctx.target_main = child_main_target;
         pid = sbx_ns_clone_pid1(&ctx);

@@ -313,9 +313,8 @@ def classify(
     if pids_refused and pids_limit is not None and failed:
         mech = enforced.get("pids", "cgroup")
         return ended("pids", pids_limit, usage.pids_peak, mech, str(pids_refused))
-    if disk_full and disk_limit is not None:
-        if failed:
-            return ended("disk", disk_limit, usage.disk, enforced.get("disk", "tmpfs:size"))
+    if disk_full and disk_limit is not None and failed:
+        return ended("disk", disk_limit, usage.disk, enforced.get("disk", "tmpfs:size"))
     mem_mech = enforced.get("memory", "")
     if (
         failed

@@ -279,7 +279,8 @@ def escapee_marks(path: str) -> dict[int, int]:
     while not os.path.exists(path):
         assert time.monotonic() < deadline, "the escapee did not start"
         time.sleep(0.02)
-    pid, start = map(int, open(path).read().split())
+    with open(path) as f:
+        pid, start = map(int, f.read().split())
     return {pid: start}
 
 
@@ -306,13 +307,13 @@ def test_a_setsid_double_fork_does_not_outlive_its_sandbox(tmp_path, how: str) -
             sbxlimit.run(args, limits=lim, timeout=1.5)
         marks = escapee_marks(mark)
     else:
-        with pytest.raises(KeyboardInterrupt) if how == "with" else _nothing():
-            with sbxlimit.Popen(args, limits=lim) as p:
-                marks = escapee_marks(mark)
-                if how == "kill_tree":
-                    p.kill_tree(grace=0.2)
-                else:
-                    raise KeyboardInterrupt
+        expect = pytest.raises(KeyboardInterrupt) if how == "with" else _nothing()
+        with expect, sbxlimit.Popen(args, limits=lim) as p:
+            marks = escapee_marks(mark)
+            if how == "kill_tree":
+                p.kill_tree(grace=0.2)
+            else:
+                raise KeyboardInterrupt
     assert not still_running(marks), f"escaped {how}: {marks}"
 
 
@@ -354,8 +355,8 @@ def test_a_pid_namespace_holds_the_tree_where_no_cgroup_can() -> None:
 
 def test_the_cli_reports_the_verdict() -> None:
     p = subprocess.run(
-        [PY, "-m", "sbxlimit", "run", "--pids", "24", "--timeout", "30s", "--json", "--"]
-        + [PY, "-c", FORK_BOMB],
+        [PY, "-m", "sbxlimit", "run", "--pids", "24", "--timeout", "30s", "--json"]
+        + ["--", PY, "-c", FORK_BOMB],  # noqa: RUF005
         capture_output=True,
         text=True,
         timeout=60,

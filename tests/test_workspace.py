@@ -72,7 +72,7 @@ def test_disk_limit_ends_with_reason_disk():
         stderr=subprocess.PIPE,
         text=True,
     ) as p:
-        _out, err = p.communicate(timeout=60)
+        p.communicate(timeout=60)
         t = p.termination
         assert t.reason == "disk", t
         assert t.limit == 16 << 20 and "workspace" in t.message

@@ -558,8 +558,7 @@ static void enter_pid_ns(const struct sbx_child_ctx *ctx)
     sigset_t all;
     pid_t target;
 
-    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 2,
-                   parent_gone(s->ns_status_fd) ? (errno = ESRCH, -1) : 0);
+    SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 2, parent_gone(s->ns_status_fd) ? (errno = ESRCH, -1) : 0);
     sigfillset(&all);
     (void)sigprocmask(SIG_BLOCK, &all, &tctx.saved_mask);
     /* Blocked signals queue for sigwaitinfo (a blocked signal reaches PID 1
@@ -599,8 +598,8 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
     const struct sbx_spec *s = ctx->spec;
 
     /* PID 1 was cloned into its PID (and user) namespace already. */
-    int flags = (ctx->how & SBX_HOW_PID1) ? s->ns_flags & ~(CLONE_NEWPID | CLONE_NEWUSER)
-                                          : s->ns_flags;
+    int flags =
+        (ctx->how & SBX_HOW_PID1) ? s->ns_flags & ~(CLONE_NEWPID | CLONE_NEWUSER) : s->ns_flags;
 
     if (flags)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_UNSHARE, flags, unshare(flags));
