@@ -353,10 +353,12 @@ def test_a_pid_namespace_holds_the_tree_where_no_cgroup_can() -> None:
 # -- the same verdicts through the CLI and asyncio ---------------------------
 
 
+CLI = [PY, "-m", "sbxlimit", "run"]
+
+
 def test_the_cli_reports_the_verdict() -> None:
     p = subprocess.run(
-        [PY, "-m", "sbxlimit", "run", "--pids", "24", "--timeout", "30s", "--json"]
-        + ["--", PY, "-c", FORK_BOMB],  # noqa: RUF005
+        [*CLI, "--pids", "24", "--timeout", "30s", "--json", "--", PY, "-c", FORK_BOMB],
         capture_output=True,
         text=True,
         timeout=60,
