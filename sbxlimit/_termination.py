@@ -249,6 +249,7 @@ def classify(
     pids_refused: int = 0,
     disk_limit: int | None = None,
     disk_full: bool = False,
+    tolerate: Iterable[str] = (),
 ) -> Termination:
     """Decide why a sandbox ended, from evidence only.
 
@@ -286,7 +287,10 @@ def classify(
     # What the supervisor did is the strongest evidence: it acted first.
     if kill is not None:
         return ended(kill.reason, kill.limit, kill.observed, kill.mechanism, kill.detail)
-    if oom_kills and memory_limit is not None and returncode != 0:
+    ends = not killed_by_caller
+    if oom_kills and memory_limit is not None and (returncode != 0 or "memory" not in tolerate):
+        # Untolerated, an OOM kill ends the sandbox: the verdict even when
+        # the program exited before the supervisor's next sample.
         mech = enforced.get("memory", "cgroup")
         return ended("memory", memory_limit, usage.memory_peak, mech)
     if sig is not None and cpu_time_limit is not None:
@@ -310,7 +314,7 @@ def classify(
         )
 
     failed = returncode != 0 and not killed_by_caller
-    if pids_refused and pids_limit is not None and failed:
+    if pids_refused and pids_limit is not None and (failed or (ends and "pids" not in tolerate)):
         mech = enforced.get("pids", "cgroup")
         return ended("pids", pids_limit, usage.pids_peak, mech, str(pids_refused))
     if disk_full and disk_limit is not None and failed:
@@ -488,5 +492,6 @@ class Outcome:
                 pids_refused=self.cgroup.pids_refused if self.cgroup is not None else 0,
                 disk_limit=lim.disk if lim else None,
                 disk_full=self.disk_full,
+                tolerate=lim.tolerate if lim else (),
             )
         return self._termination

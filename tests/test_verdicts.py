@@ -153,7 +153,7 @@ def test_stress_ng_vm_that_shields_itself_from_the_oom_killer_ends_with_memory()
         pytest.skip(f"root with a memory cgroup only; {holds('memory')}")
     assert STRESS is not None
     r = run(
-        [STRESS, "--vm", "2", "--vm-bytes", "200M", "--oomable", "-t", str(int(WALL))],
+        [STRESS, "--vm", "2", "--vm-bytes", "200M", "-t", str(int(WALL))],
         memory="128Mi",
     )
     t = r.termination
