@@ -88,9 +88,6 @@ class Plan:
     caps_keep: int = 0
     new_session: bool = False  # setsid: no controlling terminal
     ro_view: bool = False  # the host read-only in a mount namespace of its own
-    # The PID namespace is the default's (no cgroup), not isolate_pids=True:
-    # no mount namespace or /proc of its own.
-    pidns_tree: bool = False
 
     @property
     def needs_monitor(self) -> bool:
@@ -152,7 +149,6 @@ def plan(
     *,
     uid: int,
     site: Site = _NO_SITE,
-    forked: bool = False,
 ) -> Plan:
     """Decide mechanisms for `limits` and `policy`; `uid` is the user the
     program will run as (RLIMIT_NPROC counts that user's processes); `site`
@@ -160,19 +156,15 @@ def plan(
 
     Plans are cached: the same request on the same machine state gets the
     same (read-only) Plan.  The key includes the inherited hard limits,
-    which decide clamping for an unprivileged process.  `forked`: the
-    sandbox runs a Python callable, not a program (no PID namespace by
-    default: PID 2 needs a program to exec)."""
+    which decide clamping for an unprivileged process."""
     privileged = can_raise_hard_limits()
     hard = () if privileged else tuple(resource.getrlimit(r)[1] for r in _HARD)
-    key = (limits, policy, uid, privileged, hard, site, forked)
+    key = (limits, policy, uid, privileged, hard, site)
     p = _cache.get(key)
     if p is None:
         if len(_cache) > 256:
             _cache.clear()
-        p = _cache[key] = _plan(
-            limits, policy, uid=uid, privileged=privileged, site=site, forked=forked
-        )
+        p = _cache[key] = _plan(limits, policy, uid=uid, privileged=privileged, site=site)
     return p
 
 
@@ -183,7 +175,6 @@ def _plan(
     uid: int,
     privileged: bool,
     site: Site,
-    forked: bool = False,
 ) -> Plan:
     p = Plan(active=limits is not None or policy is not None)
     if not p.active:
@@ -319,13 +310,12 @@ def _plan(
 
     if policy is not None:
         _plan_policy(p, policy, uid)
-    if LINUX and not forked and (policy is None or policy.isolate_pids is None):
-        _plan_tree(p, site)
     if (
         limits is not None
         and limits.pids is not None
         and "pids" not in limits.tolerate
         and p.enforced["pids"].startswith("rlimit")
+        and p.user_ns
     ):
         _nproc_room(p, limits.pids)
     p.cgroup_settings = tuple(settings)
@@ -334,11 +324,10 @@ def _plan(
 
 
 def _nproc_room(p: Plan, pids: int) -> None:
-    """RLIMIT_NPROC one past the limit, so that the watchdog sees a tree
-    past it and ends the sandbox (at the limit, a program that retries
-    refused forks would spin until wall_time).  In a user namespace of its
-    own the count is the sandbox's alone (the kernel counts per user
-    namespace), PID 1 included."""
+    """In a user namespace of its own the kernel counts RLIMIT_NPROC for
+    the sandbox alone (PID 1 included): one past the limit, so that the
+    watchdog sees a tree past it and ends the sandbox (at the limit, a
+    program that retries refused forks would spin until wall_time)."""
     room = pids + 1 + (1 if p.ns_flags & CLONE_NEWPID else 0)
     if not can_raise_hard_limits():
         cur_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
@@ -347,33 +336,8 @@ def _nproc_room(p: Plan, pids: int) -> None:
         (res, room, room) if res == resource.RLIMIT_NPROC and soft >= pids else (res, soft, hard)
         for res, soft, hard in p.rlimits
     ]
-    if p.user_ns:
-        mech = p.enforced["pids"].split(" (", 1)[0]
-        p.enforced["pids"] = f"{mech} (counted in the sandbox's own user namespace)"
-
-
-def _plan_tree(p: Plan, site: Site) -> None:
-    """Where no cgroup holds the tree, a PID namespace does: when its
-    reaper (PID 1) dies, the kernel kills every process left in it, so a
-    kill misses nothing (the process-tree walk misses a double fork that
-    changed session)."""
-    if site.version or p.ns_flags & CLONE_NEWPID:
-        return
-    ns = namespaces(CLONE_NEWPID)
-    if ns.ok:
-        p.ns_flags |= CLONE_NEWPID
-        p.user_ns = p.user_ns or ns.user
-        p.pidns_tree = True
-        p.enforced["isolate_pids"] = (
-            f"{ns.label('pidns')} (no cgroup: the sandbox's tree is a PID namespace, "
-            "everything in it ends with it)"
-        )
-    else:
-        p.enforced["isolate_pids"] = (
-            "proctree (no cgroup and no PID namespace: "
-            f"{ns.reason}; a kill walks the process tree and the process group, which a "
-            "process that double-forks and changes session escapes)"
-        )
+    mech = p.enforced["pids"].split(" (", 1)[0]
+    p.enforced["pids"] = f"{mech} (counted in the sandbox's own user namespace)"
 
 
 def _no_cgroup(site: Site, controller: str) -> str:

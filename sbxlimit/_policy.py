@@ -154,12 +154,8 @@ class Policy:
             so it cannot push input into the caller's (docs/SECURITY.md).
         isolate_pids: a PID namespace of its own (Linux): the program runs
             as PID 2 under a small reaper as PID 1, and everything it
-            started dies with it.  ``None`` (default): where no cgroup holds
-            the sandbox's tree and namespaces work, every sandbox gets one,
-            so that a kill reaches every process (a double fork that
-            changes session would escape the process-tree walk); ``True``:
-            always, with a fresh ``/proc`` (it sees only its own
-            processes); ``False``: never.
+            started dies with it, a double fork that changed session
+            included (without a cgroup, the process-tree walk misses it).
         strict: raise :class:`UnsupportedError` before starting if anything
             asked for cannot be enforced here (default: apply what can be
             and record the rest in ``Popen.enforced``).
@@ -176,7 +172,7 @@ class Policy:
     env: Literal["sanitize"] | tuple[str, ...] = "sanitize"
     drop_secrets: bool = False
     harden: bool = True
-    isolate_pids: bool | None = None
+    isolate_pids: bool = False
     capabilities: tuple[str, ...] = ()
     terminal: bool = False
     strict: bool = False
@@ -195,7 +191,7 @@ class Policy:
         env: Literal["sanitize"] | Iterable[str] = "sanitize",
         drop_secrets: bool = False,
         harden: bool = True,
-        isolate_pids: bool | None = None,
+        isolate_pids: bool = False,
         capabilities: Iterable[str] = (),
         terminal: bool = False,
         strict: bool = False,
@@ -235,8 +231,6 @@ class Policy:
             "terminal",
             "strict",
         ):
-            if name == "isolate_pids" and self.isolate_pids is None:
-                continue
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Policy.{name}", getattr(self, name), "expected a bool")
         put("capabilities", _capabilities(self.capabilities))

@@ -207,7 +207,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             self.policy,
             uid=_target_uid(user),
             site=site,
-            forked=self._sbx_target is not None,
         )
         if self._sbx_target is not None and p.ns_flags & CLONE_NEWPID:
             raise ConfigError(

@@ -905,7 +905,7 @@ def test_policy_defaults():
     assert p.proxy_ports == ()
     assert p.env == "sanitize"
     assert p.harden is True
-    assert p.isolate_pids is None  # where no cgroup holds the tree, a PID namespace does
+    assert p.isolate_pids is False
     assert p.strict is False
 
 
