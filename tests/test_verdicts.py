@@ -366,6 +366,7 @@ CLI = [PY, "-m", "sbxlimit", "run"]
 
 
 def test_the_cli_reports_the_verdict() -> None:
+    needs_pids_seen()
     p = subprocess.run(
         [*CLI, "--pids", "24", "--timeout", "30s", "--json", "--", PY, "-c", FORK_BOMB],
         capture_output=True,
