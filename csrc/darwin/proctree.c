@@ -95,7 +95,7 @@ static double mach_seconds(uint64_t t)
     return (double)t * tb.numer / tb.denom / 1e9;
 }
 
-int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
+int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out)
 {
     struct pidset s = {NULL, 0, 0};
     size_t i;
@@ -112,6 +112,8 @@ int sbx_tree_sample(pid_t root, struct sbx_tree_sample *out)
             continue; /* gone, or a zombie */
         if (s.pid[i] == root)
             out->root_alive = 1;
+        if (s.pid[i] == root && skip_root)
+            continue;
         out->memory += ti.pti_resident_size;
         out->tasks += (uint32_t)ti.pti_threadnum;
         out->procs += 1;
