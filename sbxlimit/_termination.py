@@ -318,7 +318,8 @@ def classify(
         mech = enforced.get("pids", "cgroup")
         return ended("pids", pids_limit, usage.pids_peak, mech, str(pids_refused))
     if disk_full and disk_limit is not None and failed:
-        return ended("disk", disk_limit, usage.disk, enforced.get("disk", "tmpfs:size"))
+        # The same mechanism the supervisor's kill names (see _monitor).
+        return ended("disk", disk_limit, usage.disk, "tmpfs:size")
     mem_mech = enforced.get("memory", "")
     if (
         failed
