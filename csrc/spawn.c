@@ -311,8 +311,8 @@ static void child_setup_target(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_CAPS, 0, sbx_caps_drop_child(s));
 #endif
     /* A change of uid or gid clears the parent-death signal: set it again.
-     * In a new PID namespace our parent is now its PID 1, which dies with
-     * the outer child and takes the namespace with it. */
+     * In a new PID namespace our parent is its PID 1, whose death takes
+     * the namespace with it. */
     if (s->pdeathsig > 0 && (s->uid >= 0 || s->gid >= 0))
         SBX_CHILD_STEP(
             ctx, SBX_STEP_PDEATHSIG, s->pdeathsig,
@@ -484,7 +484,7 @@ static int errpipe_open(int fds[2])
 }
 
 /* Error pipes and fork(): a fork()ed child that does not execve soon (a
- * fork_only sandbox runs the caller's Python; a PID namespace's outer child
+ * fork_only sandbox runs the caller's Python; a PID namespace's PID 1
  * lives as long as the target) would keep the write end of another
  * thread's error pipe open, and that spawn would wait for the child to
  * exit.  Spawns hold this lock shared from the pipe's creation until its

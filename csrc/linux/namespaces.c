@@ -24,15 +24,14 @@
  * parent keeps the fd it was sent, so what the program left stays readable
  * until the caller closes the sandbox (SPEC 3, workdir).
  *
- * PID namespace: unshare(CLONE_NEWPID) moves the caller's future children,
- * not the caller.  The child (it was fork()ed, not vfork()ed: it outlives
- * exec) forks PID 1, a reaper that forwards signals to the target and reaps
- * whatever is orphaned inside; PID 1 forks the target, which goes on with
- * the setup.  When the target ends, PID 1 sends its wait status to the
- * outer child and exits, and the kernel kills everything left in the
- * namespace.  The outer child then ends the same way the target did, by
- * the same signal if it was one: PID 1 itself cannot die of a signal it
- * sends itself, so it cannot be the process the caller waits for.
+ * PID namespace: the child is cloned straight into it (fork-like, without
+ * CLONE_VM: it outlives exec) and is PID 1, a reaper that forwards signals
+ * to the target and reaps whatever is orphaned inside.  The target is its
+ * CLONE_VM|CLONE_VFORK child and goes on with the setup.  When the target
+ * ends, PID 1 writes its wait status to the status pipe and exits with the
+ * same code, and the kernel kills everything left in the namespace.  PID 1
+ * cannot die of a signal it sends itself: the caller reads the program's
+ * own status, signals included, from the pipe at the reap.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
