@@ -568,9 +568,6 @@ class Cgroup:
             if "nr_throttled" in cpu:
                 s.throttled_periods = cpu["nr_throttled"]
                 s.throttled_seconds = cpu.get("throttled_usec", 0) / 1e6
-            if evidence:
-                s.oom_kills = _kv(self._get("memory", "memory.events")).get("oom_kill", 0)
-                s.pids_refused = _kv(self._get("pids", "pids.events")).get("max", 0)
         else:
             acct = _kv(self._get("cpuacct", "cpuacct.stat"))
             if "user" in acct:
@@ -592,10 +589,8 @@ class Cgroup:
                 if "nr_throttled" in cpu:
                     s.throttled_periods = cpu["nr_throttled"]
                     s.throttled_seconds = cpu.get("throttled_time", 0) / 1e9
-            if evidence:
-                s.oom_kills = _kv(self._get("memory", "memory.oom_control")).get("oom_kill", 0)
-                # v1 pids has the same "max" event counter.
-                s.pids_refused = _kv(self._get("pids", "pids.events")).get("max", 0)
+        if evidence:
+            s.oom_kills, s.pids_refused, _cpu = self.counters(("memory", "pids"))
         return s
 
     def counters(self, which: Iterable[str]) -> tuple[int, int, float | None]:
