@@ -295,6 +295,15 @@ static void child_setup_target(const struct sbx_child_ctx *ctx)
 {
     const struct sbx_spec *s = ctx->spec;
 
+#ifdef __linux__
+    /* In a PID namespace Popen.pid is PID 1, which took the caller's
+     * session or group request for the outside view; the program leads a
+     * session or group of its own, as it would without the namespace. */
+    if ((s->ns_flags & SBX_CLONE_NEWPID) && s->new_session)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SETSID, 1, setsid());
+    else if ((s->ns_flags & SBX_CLONE_NEWPID) && s->pgid == 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_SETPGID, 1, setpgid(0, 0));
+#endif
     sbx_rlimit_apply_child(ctx);
     if (s->cwd)
         SBX_CHILD_STEP(ctx, SBX_STEP_CHDIR, 0, chdir(s->cwd));

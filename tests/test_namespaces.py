@@ -28,6 +28,8 @@ from sbxlimit._enforce import (
     seccomp_works,
 )
 
+from .conftest import settled_fds
+
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="namespaces, Landlock and seccomp are Linux's"
 )
@@ -180,6 +182,28 @@ def test_strict_refuses_a_network_rule_it_cannot_hold():
     assert "isolate_pids" in r.stdout and "SBXLIMIT_NAMESPACES=0" in r.stdout
 
 
+def test_strict_refuses_the_tree_walk_where_nothing_holds_the_tree():
+    # No cgroup and no namespace: a setsid() double fork would escape
+    # kill_tree, which SPEC promises; strict says so before starting.
+    r = in_python(
+        """
+        import sbxlimit
+        lim = sbxlimit.Limits(wall_time=5)
+        print(sbxlimit.run(["true"], limits=lim, cgroup_parent="none").enforced["kill_tree"])
+        try:
+            sbxlimit.Popen(["true"], limits=lim, cgroup_parent="none",
+                           policy=sbxlimit.Policy(workdir="/", strict=True))
+        except sbxlimit.UnsupportedError as e:
+            print("refused:", e)
+        """,
+        SBXLIMIT_NAMESPACES="0",
+    )
+    assert r.returncode == 0, r.stderr
+    walk, refused = r.stdout.splitlines()
+    assert walk.startswith("tree walk") and "escapes" in walk
+    assert refused.startswith("refused:") and "kill_tree" in refused, refused
+
+
 def test_a_downgrade_warns_once_naming_the_reason():
     r = in_python(
         """
@@ -236,6 +260,47 @@ def test_isolate_pids_signals_reach_the_program():
         p.terminate()  # to the outer child; PID 1 passes it on
         assert p.stdout.readline() == "got-term\n"
         assert p.wait(timeout=10) == 3
+
+
+@needs_pidns
+@pytest.mark.parametrize("how", ["session", "group"])
+def test_under_pid_1_the_program_leads_its_own_session_or_group(how):
+    # Inside, the program leads what the caller asked for, as it would
+    # without the namespace; outside, Popen.pid (PID 1) does, so that
+    # os.killpg(os.getpgid(p.pid), sig) reaches the sandbox, never the caller.
+    kw = {"start_new_session": True} if how == "session" else {"process_group": 0}
+    code = "import os; print(os.getpid(), os.getpgid(0), os.getsid(0), flush=True); input()"
+    with sbxlimit.Popen(
+        [PY, "-c", code],
+        policy=Policy(isolate_pids=True, workdir="/", terminal=True),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        **kw,
+    ) as p:
+        pid, pgid, sid = map(int, p.stdout.readline().split())
+        assert (pid, pgid) == (2, 2)
+        assert os.getpgid(p.pid) == p.pid != os.getpgid(0)
+        if how == "session":
+            assert sid == 2 and os.getsid(p.pid) == p.pid
+        p.communicate("\n")
+    assert p.returncode == 0
+
+
+@needs_pidns
+def test_a_group_outside_the_namespace_cannot_be_joined():
+    # setpgid() in PID 1 resolves the group in the new namespace, where the
+    # caller's group does not exist: refused before start, or (by default)
+    # no namespace and the tree walk, which says why.
+    group = os.getpgid(0)
+    pol = Policy(isolate_pids=True, workdir="/", terminal=True)
+    with pytest.raises(sbxlimit.ConfigError, match="process_group"):
+        sbxlimit.Popen(["true"], policy=pol, process_group=group)
+    r = sbxlimit.run(
+        ["true"], limits=Limits(wall_time=5), process_group=group, cgroup_parent="none"
+    )
+    assert r.returncode == 0
+    assert f"process_group={group}" in r.enforced["kill_tree"], r.enforced
 
 
 def _running(marker: str) -> bool:
@@ -453,12 +518,12 @@ def test_a_failed_namespace_spawn_leaks_nothing():
     from sbxlimit._testing import fail_child_at
 
     sbxlimit.run(["true"], limits=Limits(disk="1Mi"), capture_output=True)  # the supervisor's fds
-    fds = set(os.listdir("/proc/self/fd"))
+    fds = settled_fds()
     tmp = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
     for step in ("ns:mount", "exec"):
         with fail_child_at(step), pytest.raises(OSError):
             sbxlimit.Popen(["true"], limits=Limits(disk="1Mi"), stdout=subprocess.PIPE)
-    assert set(os.listdir("/proc/self/fd")) == fds
+    assert settled_fds() == fds
     assert set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) == tmp
 
 
