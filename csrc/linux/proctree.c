@@ -318,8 +318,16 @@ int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out)
 
         if (read_status(pid, &st) < 0)
             continue; /* gone */
-        if (st.state == 'Z' || st.state == 'X')
-            continue; /* zombie: no memory, no children left */
+        if (st.state == 'Z' || st.state == 'X') {
+            /* No memory and no children left, but its pid is held until it
+             * is reaped, as a pids cgroup and RLIMIT_NPROC count it: a fork
+             * loop that reaps late stays at the limit with zombies. */
+            if (i > 0) {
+                out->procs++;
+                out->tasks++;
+            }
+            continue;
+        }
         if (i == 0)
             out->root_alive = 1;
         if (i > 0 || !skip_root) {
