@@ -149,22 +149,27 @@ def plan(
     *,
     uid: int,
     site: Site = _NO_SITE,
+    no_reaper: str = "",
 ) -> Plan:
     """Decide mechanisms for `limits` and `policy`; `uid` is the user the
     program will run as (RLIMIT_NPROC counts that user's processes); `site`
-    is where its cgroup can go (``_cgroup.discover()``).
+    is where its cgroup can go (``_cgroup.discover()``); `no_reaper`: why
+    the program cannot run under a PID namespace's reaper, if it cannot (a
+    forked callable; a process group to join outside the namespace).
 
     Plans are cached: the same request on the same machine state gets the
     same (read-only) Plan.  The key includes the inherited hard limits,
     which decide clamping for an unprivileged process."""
     privileged = can_raise_hard_limits()
     hard = () if privileged else tuple(resource.getrlimit(r)[1] for r in _HARD)
-    key = (limits, policy, uid, privileged, hard, site)
+    key = (limits, policy, uid, privileged, hard, site, no_reaper)
     p = _cache.get(key)
     if p is None:
         if len(_cache) > 256:
             _cache.clear()
-        p = _cache[key] = _plan(limits, policy, uid=uid, privileged=privileged, site=site)
+        p = _cache[key] = _plan(
+            limits, policy, uid=uid, privileged=privileged, site=site, no_reaper=no_reaper
+        )
     return p
 
 
@@ -175,6 +180,7 @@ def _plan(
     uid: int,
     privileged: bool,
     site: Site,
+    no_reaper: str,
 ) -> Plan:
     p = Plan(active=limits is not None or policy is not None)
     if not p.active:
@@ -309,7 +315,9 @@ def _plan(
                 p.workspace = True
 
     if policy is not None:
-        _plan_policy(p, policy, uid)
+        _plan_policy(p, policy, uid, no_reaper)
+    elif LINUX:
+        _plan_containment(p, no_reaper, uid, auto=True)
     if (
         limits is not None
         and limits.pids is not None
@@ -325,10 +333,12 @@ def _plan(
 
 def _nproc_room(p: Plan, pids: int) -> None:
     """In a user namespace of its own the kernel counts RLIMIT_NPROC for
-    the sandbox alone (PID 1 included): one past the limit, so that the
-    watchdog sees a tree past it and ends the sandbox (at the limit, a
-    program that retries refused forks would spin until wall_time)."""
-    room = pids + 1 + (1 if p.ns_flags & CLONE_NEWPID else 0)
+    the sandbox alone (PID 1 included): a margin past the limit (1/8, at
+    least 4), so that the watchdog's samples see a tree past it and end the
+    sandbox.  At the limit, a program that retries refused forks would spin
+    until wall_time; one past it, a fork loop that reaps quickly is seen
+    there only now and then."""
+    room = pids + max(4, pids // 8) + (1 if p.ns_flags & CLONE_NEWPID else 0)
     if not can_raise_hard_limits():
         cur_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
         room = room if cur_hard == _INF else min(room, cur_hard)
@@ -337,7 +347,44 @@ def _nproc_room(p: Plan, pids: int) -> None:
         for res, soft, hard in p.rlimits
     ]
     mech = p.enforced["pids"].split(" (", 1)[0]
-    p.enforced["pids"] = f"{mech} (counted in the sandbox's own user namespace)"
+    p.enforced["pids"] = (
+        f"{mech} (counted in the sandbox's own user namespace; a fork past the limit ends "
+        f"the sandbox; the kernel refuses forks beyond {room} tasks)"
+    )
+
+
+def _plan_containment(p: Plan, no_reaper: str, uid: int, auto: bool) -> None:
+    """Without a cgroup, a PID namespace by default (``isolate_pids=None``):
+    a process that double-forks and changes session leaves the tree the
+    watchdog walks, but not the namespace, which the kernel empties when
+    the program ends.  Where the program cannot run under a reaper
+    (`no_reaper` says why), it keeps the walk."""
+    if p.site is not None or not LINUX:
+        return
+    walk = "tree walk (process group and descendants; a double fork that changes session escapes)"
+    ns = namespaces(CLONE_NEWPID | CLONE_NEWNS) if auto and not no_reaper else None
+    why = ""
+    if not auto:
+        why = "isolate_pids=False"
+    elif ns is None:
+        why = no_reaper
+    elif not ns.ok:
+        why = f"no PID namespace: {ns.reason}"
+        p.fallbacks["kill_tree"] = why  # weaker than SPEC's promise: strict refuses
+    elif ns.user and uid != os.geteuid():
+        # Only our own uid maps into an unprivileged user namespace: the
+        # change of user fails as it would without one (EPERM), not there.
+        why = f"a user namespace maps only uid {os.geteuid()}, and user= asks for {uid}"
+    if why:
+        p.enforced["kill_tree"] = f"{walk}; {why}"
+        return
+    assert ns is not None
+    p.ns_flags |= CLONE_NEWPID | CLONE_NEWNS
+    p.user_ns = p.user_ns or ns.user
+    p.enforced["kill_tree"] = (
+        f"{ns.label('pidns')} (no cgroup: the program is PID 2 under a reaper as PID 1, "
+        "and everything left in the namespace dies with it)"
+    )
 
 
 def _no_cgroup(site: Site, controller: str) -> str:
@@ -381,7 +428,7 @@ def _plan_pids(p: Plan, pids: int, *, uid: int, tree: bool, privileged: bool) ->
         p.watch_pids = pids
 
 
-def _plan_policy(p: Plan, policy: Policy, uid: int) -> None:
+def _plan_policy(p: Plan, policy: Policy, uid: int, no_reaper: str) -> None:
     if policy.workdir is None:
         p.workspace = True
         p.keep_workspace = policy.keep_workdir
@@ -410,6 +457,8 @@ def _plan_policy(p: Plan, policy: Policy, uid: int) -> None:
             else:
                 why = ns.reason if ns is not None else "PID namespaces exist only on Linux"
                 _downgrade(p, "isolate_pids", why)
+        else:
+            _plan_containment(p, no_reaper, uid, auto=policy.isolate_pids is None)
     if DARWIN and policy.isolate_pids:
         _downgrade(p, "isolate_pids", "PID namespaces exist only on Linux")
     env = "LD_*, DYLD_* dropped" if policy.env == "sanitize" else "allow-list"

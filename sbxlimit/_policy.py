@@ -155,7 +155,10 @@ class Policy:
         isolate_pids: a PID namespace of its own (Linux): the program runs
             as PID 2 under a small reaper as PID 1, and everything it
             started dies with it, a double fork that changed session
-            included (without a cgroup, the process-tree walk misses it).
+            included.  ``None`` (default): wherever no cgroup holds the
+            sandbox (without one, the process-tree walk misses such a
+            double fork) and a namespace can be made; ``True``: always;
+            ``False``: never.
         strict: raise :class:`UnsupportedError` before starting if anything
             asked for cannot be enforced here (default: apply what can be
             and record the rest in ``Popen.enforced``).
@@ -172,7 +175,7 @@ class Policy:
     env: Literal["sanitize"] | tuple[str, ...] = "sanitize"
     drop_secrets: bool = False
     harden: bool = True
-    isolate_pids: bool = False
+    isolate_pids: bool | None = None
     capabilities: tuple[str, ...] = ()
     terminal: bool = False
     strict: bool = False
@@ -191,7 +194,7 @@ class Policy:
         env: Literal["sanitize"] | Iterable[str] = "sanitize",
         drop_secrets: bool = False,
         harden: bool = True,
-        isolate_pids: bool = False,
+        isolate_pids: bool | None = None,
         capabilities: Iterable[str] = (),
         terminal: bool = False,
         strict: bool = False,
@@ -227,12 +230,15 @@ class Policy:
             "protect_dotfiles",
             "drop_secrets",
             "harden",
-            "isolate_pids",
             "terminal",
             "strict",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Policy.{name}", getattr(self, name), "expected a bool")
+        if self.isolate_pids is not None and not isinstance(self.isolate_pids, bool):
+            raise ConfigError(
+                "Policy.isolate_pids", self.isolate_pids, "expected a bool or None (automatic)"
+            )
         put("capabilities", _capabilities(self.capabilities))
         if self.network not in ("allow", "deny", "proxy"):
             raise ConfigError("Policy.network", self.network, "expected 'allow', 'deny' or 'proxy'")

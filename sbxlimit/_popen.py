@@ -55,6 +55,15 @@ def _readable(fd: int) -> bool:
     return bool(p.poll(0))
 
 
+def _no_reaper(forked: bool, group: Any) -> str:
+    """Why the program cannot run under a PID namespace's reaper, if so."""
+    if forked:
+        return "a forked callable cannot run under a reaper"
+    if isinstance(group, int) and not isinstance(group, bool) and group > 0:
+        return f"process_group={group} is a group outside any PID namespace"
+    return ""
+
+
 def _target_uid(user: Any) -> int:
     """The uid the program will run as (for RLIMIT_NPROC's caveat)."""
     if user is None:
@@ -165,8 +174,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 raise ConfigError("audit_key", audit_key, "expected a str")
             self._sbx_audit_key = audit_key
         if limits is not None or policy is not None:
-            self._sbx_prepare(limits, policy, kwargs.get("user"), cgroup_parent)
             group = kwargs.get("process_group")
+            self._sbx_prepare(limits, policy, kwargs.get("user"), cgroup_parent, group)
             if self._sbx_plan.new_session and group is not None and group > 0:
                 raise ConfigError(
                     "process_group",
@@ -192,7 +201,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             self._sbx_quota_release()
             raise
 
-    def _sbx_prepare(self, limits: Any, policy: Any, user: Any, cgroup_parent: str | None) -> None:
+    def _sbx_prepare(
+        self, limits: Any, policy: Any, user: Any, cgroup_parent: str | None, group: Any
+    ) -> None:
         """Validate and plan; raises before any process starts."""
         self.limits = Limits.coerce(limits)
         self.policy = Policy.coerce(policy)
@@ -207,13 +218,21 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             self.policy,
             uid=_target_uid(user),
             site=site,
+            no_reaper=_no_reaper(self._sbx_target is not None, group),
         )
-        if self._sbx_target is not None and p.ns_flags & CLONE_NEWPID:
+        if p.ns_flags & CLONE_NEWPID and self._sbx_target is not None:
             raise ConfigError(
                 "Policy.isolate_pids",
                 True,
                 "a forked Python callable (ForkedSandbox, the pytest marker) cannot be PID 2 "
                 "under a reaper: it needs a program to exec",
+            )
+        if p.ns_flags & CLONE_NEWPID and isinstance(group, int) and group > 0:
+            raise ConfigError(
+                "process_group",
+                group,
+                "with Policy(isolate_pids=True) the program cannot join a group outside its "
+                "PID namespace",
             )
         strict = self.policy is not None and self.policy.strict
         if strict and (p.downgrades or p.fallbacks):

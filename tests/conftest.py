@@ -66,6 +66,52 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    """Sandboxes planned as where no namespace can be made."""
+    from sbxlimit import _enforce
+
+    monkeypatch.setenv("SBXLIMIT_NAMESPACES", "0")
+    _enforce.namespaces.cache_clear()
+    _enforce._cache.clear()
+    yield
+    _enforce.namespaces.cache_clear()
+    _enforce._cache.clear()
+
+
+def tagged_sleep() -> str:
+    """An argument for sleep(1) that names one test's sleepers host-wide:
+    a program in a PID namespace of its own reports pids the host does
+    not share, so tests find its processes by this instead."""
+    import secrets
+
+    return f"60.{secrets.randbelow(10**6):06d}"
+
+
+def sleeping(tag: str) -> list[int]:
+    """Host pids of the running `sleep <tag>` processes."""
+    found = []
+    want = [b"sleep", tag.encode()]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] == want and alive(int(pid)):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def wait_no_sleepers(tags, timeout: float = 5.0) -> list[str]:
+    """Wait until no `sleep <tag>` of tags runs; return the tags left."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(sleeping(t) for t in tags):
+        time.sleep(0.02)
+    return [t for t in tags if sleeping(t)]
+
+
 def _children(pid: int) -> set[int]:
     """Descendants of pid, through /proc/PID/task/*/children."""
     found: set[int] = set()
@@ -85,6 +131,17 @@ def _children(pid: int) -> set[int]:
             todo += list(kids - found)
             found |= kids
     return found
+
+
+def settled_fds(timeout: float = 3.0) -> set[str]:
+    """This process's open fds once the supervisor has let go of the pidfds
+    of sandboxes already reaped (it closes them on its own thread)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while "anon_inode:[pidfd]" in _fds().values() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return set(os.listdir("/proc/self/fd"))
 
 
 def _fds() -> dict[int, str]:

@@ -15,7 +15,7 @@ import pytest
 import sbxlimit
 import sbxlimit.asyncio as sa
 
-from .conftest import alive, wait_gone
+from .conftest import sleeping, tagged_sleep, wait_gone, wait_no_sleepers
 
 PY = sys.executable
 # Two processes of 40 MiB each against 64 MiB: past the limit together, each
@@ -55,12 +55,12 @@ def test_200_concurrent_sandboxes_with_a_memory_hog_among_them():
 
 ESCAPEE = textwrap.dedent(
     """
-    import os, time
+    import os, sys, time
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
             print(os.getpid(), flush=True)
-            time.sleep(60)
+            os.execvp("sleep", ["sleep", sys.argv[1]])
         os._exit(0)
     time.sleep(60)
     """
@@ -68,21 +68,26 @@ ESCAPEE = textwrap.dedent(
 
 
 def test_cancelling_the_awaiting_task_kills_the_tree():
+    tag = tagged_sleep()
+
     async def main():
         p = await sa.create_subprocess_exec(
-            PY, "-c", ESCAPEE, stdout=subprocess.PIPE, limits={"wall_time": 60}
+            PY, "-c", ESCAPEE, tag, stdout=subprocess.PIPE, limits={"wall_time": 60}
         )
-        grandchild = int(await p.stdout.readline())
+        assert int(await p.stdout.readline()) > 0
         task = asyncio.ensure_future(p.communicate())
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         rc = await asyncio.wait_for(asyncio.shield(p._exited), 10)
-        if sbxlimit._cgroup.discover().version:  # a cgroup holds the escapee too
-            assert not wait_gone([grandchild], 3)
-        elif alive(grandchild):
-            os.kill(grandchild, signal.SIGKILL)  # no cgroup: it left the tree
+        # A cgroup or a PID namespace holds the escapee too.
+        exact = sbxlimit._cgroup.discover().version or "pidns" in p.enforced.get("kill_tree", "")
+        if exact:
+            assert wait_no_sleepers([tag], 3) == []
+        else:
+            for pid in sleeping(tag):  # no cgroup: it left the tree
+                os.kill(pid, signal.SIGKILL)
         await p.stdout.read()  # EOF once nobody holds the pipe: the transport closes
         return p, rc
 

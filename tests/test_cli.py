@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from .conftest import alive, report, wait_gone, why_not
+from .conftest import report, sleeping, tagged_sleep, wait_no_sleepers, why_not
 
 PY = sys.executable
 CLI = [PY, "-m", "sbxlimit"]
@@ -136,9 +136,9 @@ def test_downgrades_are_warned_once_on_stderr():
 
 
 SPAWNER = (
-    "import subprocess, time\n"
-    "a = subprocess.Popen(['sleep', '60'])\n"
-    "b = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+    "import subprocess, sys, time\n"
+    "a = subprocess.Popen(['sleep', sys.argv[1]])\n"
+    "b = subprocess.Popen(['sleep', sys.argv[2]], start_new_session=True)\n"
     "print(a.pid, b.pid, flush=True)\n"
     "time.sleep(60)"
 )
@@ -146,18 +146,19 @@ SPAWNER = (
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_to_the_cli_kills_the_tree(sig):
+    tags = [tagged_sleep(), tagged_sleep()]
     p = subprocess.Popen(
-        [*CLI, "run", "--kill-grace", "1s", "--", PY, "-c", SPAWNER],
+        [*CLI, "run", "--kill-grace", "1s", "--", PY, "-c", SPAWNER, *tags],
         stdout=subprocess.PIPE,
         text=True,
     )
-    pids = [int(x) for x in p.stdout.readline().split()]
-    assert len(pids) == 2 and all(alive(x) for x in pids)
+    assert len(p.stdout.readline().split()) == 2
+    assert all(len(sleeping(t)) == 1 for t in tags)
     p.send_signal(sig)
     rc = p.wait(timeout=15)
     p.stdout.close()
     assert rc == 128 + signal.SIGTERM  # the sandbox was ended with SIGTERM
-    assert wait_gone(pids) == []
+    assert wait_no_sleepers(tags) == []
 
 
 def test_doctor_cli_text_and_json():

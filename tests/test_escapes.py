@@ -415,8 +415,12 @@ def nofile(pid: int) -> str:
         return next(line for line in f if line.startswith("Max open files"))
 
 
-def test_other_processes_cannot_be_signalled_or_relimited(victim):
+@pytest.mark.parametrize("isolate", [None, False], ids=["default", "no-pidns"])
+def test_other_processes_cannot_be_signalled_or_relimited(victim, isolate):
+    # By default, without a cgroup, a PID namespace hides the victim
+    # (ESRCH); without one, Landlock's scope or the filter refuses (EPERM).
     limits_before = nofile(victim.pid)
+    pol = Policy(protect_dotfiles=False, isolate_pids=isolate)
     got, r = attack_run(
         f"""
         import resource
@@ -425,9 +429,12 @@ def test_other_processes_cannot_be_signalled_or_relimited(victim):
         attempt("prlimit self", resource.setrlimit, resource.RLIMIT_NOFILE, (64, 64))
         attempt("kill self group (probe)", os.kill, 0, 0)
         attempt("kill victim", os.kill, {victim.pid}, signal.SIGKILL)
-        """
+        """,
+        policy=pol,
     )
-    assert got.pop("kill victim") == "EPERM" or r.enforced["signals"].startswith("seccomp:")
+    hidden = "pidns" in r.enforced.get("kill_tree", "")
+    refused = "ESRCH" if hidden else "EPERM"
+    assert got.pop("kill victim") == refused or r.enforced["signals"].startswith("seccomp:")
     assert got == {
         "kill -1 (probe)": "EPERM",
         "prlimit victim": "EPERM",

@@ -905,7 +905,7 @@ def test_policy_defaults():
     assert p.proxy_ports == ()
     assert p.env == "sanitize"
     assert p.harden is True
-    assert p.isolate_pids is False
+    assert p.isolate_pids is None  # automatic: where no cgroup holds the tree
     assert p.strict is False
 
 

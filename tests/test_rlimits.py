@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -31,12 +32,13 @@ def run_py(code: str, **kw) -> sbxlimit.SandboxResult:
 def test_cpu_time_sigxcpu():
     r = run_py("while True: pass", limits=Limits(cpu_time=1))
     t = r.termination
-    assert t.reason == "cpu_time" and t.signal == 24  # SIGXCPU
+    # RLIMIT_CPU fires on the tick (SIGXCPU); the sandbox's own count, sampled,
+    # may see it first on a busy machine (then it sends SIGKILL).
+    assert t.reason == "cpu_time" and t.signal in (signal.SIGXCPU, signal.SIGKILL), t
+    assert t.mechanism == "rlimit:RLIMIT_CPU" or t.mechanism in r.enforced["cpu_time"]
     # observed comes from rusage, sampled on ticks: it can read a little
     # under the scheduler's exact runtime that fired SIGXCPU.
     assert t.limit == 1.0 and t.observed >= 0.5
-    # RLIMIT_CPU fires on the tick; the sandbox's own count may see it first.
-    assert t.mechanism == "rlimit:RLIMIT_CPU" or t.mechanism in r.enforced["cpu_time"]
     assert "CPU time" in t.message and "Limits.cpu_time" in t.message
     assert r.usage.cpu_total == t.observed
 
@@ -194,7 +196,9 @@ time.sleep(3)
 
 
 @pytest.mark.skipif(ROOT, reason=f"RLIMIT_NPROC does not bind root: {holds('pids')}")
-def test_pids_rlimit_nproc_unprivileged():
+def test_pids_rlimit_nproc_unprivileged(no_namespaces):
+    # Without a user namespace of its own, RLIMIT_NPROC counts every
+    # process of the uid and refuses the fork at the limit.
     r = run_py(
         FORK_LOOP, limits=Limits(pids=16), capture_output=True, text=True, cgroup_parent="none"
     )

@@ -17,7 +17,7 @@ import pytest
 import sbxlimit
 from sbxlimit import Limits
 
-from .conftest import alive, wait_gone
+from .conftest import alive, sleeping, tagged_sleep, wait_gone, wait_no_sleepers
 
 PY = sys.executable
 
@@ -59,18 +59,18 @@ def test_wall_time_sigkill_after_grace_for_a_program_ignoring_sigterm():
 def test_wall_time_kills_the_whole_tree():
     # The child starts a grandchild in its group, and one in a new session
     # (still its descendant): both must die with it.
+    tags = [tagged_sleep(), tagged_sleep()]
     code = (
         "import subprocess, sys, time\n"
-        "a = subprocess.Popen(['sleep', '60'])\n"
-        "b = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        f"a = subprocess.Popen(['sleep', {tags[0]!r}])\n"
+        f"b = subprocess.Popen(['sleep', {tags[1]!r}], start_new_session=True)\n"
         "print(a.pid, b.pid, flush=True)\n"
         "time.sleep(60)"
     )
     r = run_py(code, limits=Limits(wall_time="500ms", kill_grace=1), capture_output=True)
-    pids = [int(x) for x in r.stdout.split()]
-    assert len(pids) == 2
+    assert len(r.stdout.split()) == 2  # both started
     assert r.termination.reason == "wall_time"
-    assert wait_gone(pids) == []
+    assert wait_no_sleepers(tags) == []
 
 
 def test_wall_time_under_limit():
@@ -255,10 +255,10 @@ def test_output_to_devnull_is_not_pumped():
 
 SPAWNER = (
     "import os, subprocess, sys, time\n"
-    "a = subprocess.Popen(['sleep', '60'])\n"
-    "b = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+    "a = subprocess.Popen(['sleep', sys.argv[1]])\n"
+    "b = subprocess.Popen(['sleep', sys.argv[2]], start_new_session=True)\n"
     "if os.fork() == 0:\n"  # double fork, staying in the group
-    "    c = subprocess.Popen(['sleep', '60'])\n"
+    "    c = subprocess.Popen(['sleep', sys.argv[3]])\n"
     "    print(c.pid, flush=True)\n"
     "    os._exit(0)\n"
     "time.sleep(0.2)\n"
@@ -267,42 +267,45 @@ SPAWNER = (
 )
 
 
-def _spawner_pids(p) -> list[int]:
-    pids: list[int] = []
-    while len(pids) < 3:
+def _spawner(**kw) -> tuple[sbxlimit.Popen, list[str]]:
+    """The spawner, once its three sleepers run; and their tags."""
+    tags = [tagged_sleep() for _ in range(3)]
+    p = sbxlimit.Popen([PY, "-c", SPAWNER, *tags], stdout=subprocess.PIPE, **kw)
+    printed: list[bytes] = []
+    while len(printed) < 3:
         line = p.stdout.readline()
         assert line, "spawner died early"
-        pids += [int(x) for x in line.split()]
-    return pids
+        printed += line.split()
+    assert all(len(sleeping(t)) == 1 for t in tags)
+    return p, tags
 
 
 def test_kill_tree_ends_every_descendant():
-    p = sbxlimit.Popen([PY, "-c", SPAWNER], stdout=subprocess.PIPE, limits=Limits(wall_time=60))
-    pids = _spawner_pids(p)
-    assert all(alive(x) for x in pids)
+    p, tags = _spawner(limits=Limits(wall_time=60))
     p.kill_tree(grace=1)
     assert p.returncode == -signal.SIGTERM
-    assert wait_gone(pids) == []
+    assert wait_no_sleepers(tags) == []
     p.stdout.close()
 
 
 def test_kill_tree_on_plain_popen_and_grace_zero():
-    p = sbxlimit.Popen([PY, "-c", SPAWNER], stdout=subprocess.PIPE, start_new_session=True)
-    pids = _spawner_pids(p)
+    p, tags = _spawner(start_new_session=True)
     p.kill_tree(grace=0)
     assert p.returncode == -signal.SIGKILL
-    assert wait_gone(pids) == []
+    assert wait_no_sleepers(tags) == []
     p.stdout.close()
 
 
 def test_leftovers_die_when_the_sandbox_exits():
     # The leftover holds the stdout pipe: communicate() returns only because
     # the supervisor ends it the moment the leader exits.
-    code = "import subprocess; print(subprocess.Popen(['sleep', '60']).pid)"
+    tag = tagged_sleep()
+    code = f"import subprocess; print(subprocess.Popen(['sleep', {tag!r}]).pid)"
     t0 = time.monotonic()
     r = run_py(code, limits=Limits(cpu_time=30), capture_output=True)
     assert time.monotonic() - t0 < 5
-    assert wait_gone([int(r.stdout)]) == []
+    assert int(r.stdout) > 0
+    assert wait_no_sleepers([tag]) == []
 
 
 def test_plain_popen_keeps_subprocess_semantics_for_leftovers():
@@ -320,27 +323,24 @@ def test_plain_popen_keeps_subprocess_semantics_for_leftovers():
 
 
 def test_keyboard_interrupt_in_with_block_kills_the_sandbox():
-    with (
-        pytest.raises(KeyboardInterrupt),
-        sbxlimit.Popen(
-            [PY, "-c", SPAWNER], stdout=subprocess.PIPE, limits=Limits(wall_time=60)
-        ) as p,
-    ):
-        pids = _spawner_pids(p)
+    p, tags = _spawner(limits=Limits(wall_time=60))
+    with pytest.raises(KeyboardInterrupt), p:
         raise KeyboardInterrupt
     assert p.returncode is not None
-    assert wait_gone(pids) == []
+    assert wait_no_sleepers(tags) == []
 
 
 def test_run_timeout_kills_the_tree():
+    tag = tagged_sleep()
     code = (
         "import subprocess, time\n"
-        "print(subprocess.Popen(['sleep', '60']).pid, flush=True)\n"
+        f"print(subprocess.Popen(['sleep', {tag!r}]).pid, flush=True)\n"
         "time.sleep(60)"
     )
     with pytest.raises(subprocess.TimeoutExpired) as ei:
         run_py(code, timeout=1, capture_output=True, limits=Limits(wall_time=60))
-    assert wait_gone([int(ei.value.stdout)]) == []
+    assert int(ei.value.stdout) > 0
+    assert wait_no_sleepers([tag]) == []
 
 
 # -- usage and termination --------------------------------------------------
