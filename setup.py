@@ -12,6 +12,7 @@ import os
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 COMMON = [
     "csrc/_coremodule.c",
@@ -52,8 +53,38 @@ if os.environ.get("SBXLIMIT_DEBUG"):
     link_args += ["-fsanitize=address,undefined"]
     macros.append(("SBX_NO_VFORK", "1"))
 
+
+class BuildWithReaper(build_ext):
+    """Also builds csrc/linux/pid1.c into sbxlimit/_pid1 (Linux): the
+    reaper a PID namespace's PID 1 execs, so that it need not be a fork()
+    of the caller.  Static where the toolchain can (an exec of it is then
+    the cheapest); without it, PID 1 is fork()ed as before."""
+
+    def run(self) -> None:
+        super().run()
+        if not sys.platform.startswith("linux"):
+            return
+        out = os.path.dirname(self.get_ext_fullpath("sbxlimit._core"))
+        objs = self.compiler.compile(
+            ["csrc/linux/pid1.c"],
+            output_dir=self.build_temp,
+            macros=macros,
+            include_dirs=["csrc"],
+            extra_postargs=[*compile_args, "-Os"],
+        )
+        for extra in (["-static", "-s"], ["-s"]):
+            try:
+                self.compiler.link_executable(
+                    objs, "_pid1", output_dir=out, extra_postargs=[*link_args, *extra]
+                )
+                return
+            except Exception as e:  # e.g. no static libc: try dynamic linking
+                print(f"_pid1 with {' '.join(extra)}: {e}", file=sys.stderr)
+
+
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
     setup(
+        cmdclass={"build_ext": BuildWithReaper},
         ext_modules=[
             Extension(
                 "sbxlimit._core",
@@ -63,5 +94,5 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
                 extra_compile_args=compile_args,
                 extra_link_args=link_args,
             )
-        ]
+        ],
     )

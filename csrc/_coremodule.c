@@ -411,21 +411,24 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
          * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev,
-         * status_fd):
+         * status_fd, reaper):
          * bytes, b"" for none; view: ((kind, path, data), ...).  The
          * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
         unsigned long long ll = 0;
         PyObject *view;
 
+        const char *reaper;
+
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiKOppi;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOppiy;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
-                              "tmpfs_landlock, view, view_ro_root, view_dev, status_fd)",
+                              "tmpfs_landlock, view, view_ro_root, view_dev, status_fd, reaper)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
                               &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root,
-                              &spec.view_dev, &spec.ns_status_fd))
+                              &spec.view_dev, &spec.ns_status_fd, &reaper))
             goto done;
+        spec.ns_reaper = *reaper ? reaper : NULL;
         if (to_view(view, &st, &spec.n_view) < 0)
             goto done;
         spec.view = st.view;

@@ -175,7 +175,11 @@ struct sbx_spec {
     int ns_loopback;
     const char *tmpfs_path, *tmpfs_opts, *tmpfs_mkdir;
     int tmpfs_sock;
-    int ns_status_fd;        /* write end, close-on-exec; -1: none */
+    int ns_status_fd; /* write end, close-on-exec; -1: none */
+    /* The reaper program (csrc/linux/pid1.c): PID 1 is then a vfork-style
+     * child that execs it once the target runs; NULL: PID 1 is fork()ed
+     * and reaps in place. */
+    const char *ns_reaper;
     uint64_t tmpfs_landlock; /* rights beneath the tmpfs in landlock_fd's ruleset */
     /* The read-only view of the host (CLONE_NEWNS): with view_ro_root every
      * mount becomes read-only and nosuid, except the trees of the SBX_VIEW_RW

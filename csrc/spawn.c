@@ -46,7 +46,7 @@ extern char **environ;
 #define SBX_USE_VFORK 1
 #endif
 
-#define SBX_CHILD_STACK (64 * 1024)
+#define SBX_CHILD_STACK (128 * 1024)
 
 static const char *const step_names[SBX_STEP__COUNT] = {
     [SBX_STEP_NONE] = "none",
@@ -430,17 +430,27 @@ static pid_t clone_vm_child(struct sbx_child_ctx *ctx, void *stack)
 {
     const struct sbx_spec *spec = ctx->spec;
     pid_t pid;
+    /* PID 1 of a new PID (and user) namespace, which execs the reaper. */
+    unsigned pid1 = 0;
+    int how_pid1 = 0;
 
+#ifdef __linux__
+    if (spec->ns_flags & SBX_CLONE_NEWPID) {
+        pid1 = CLONE_NEWPID | ((unsigned)spec->ns_flags & CLONE_NEWUSER);
+        how_pid1 = SBX_HOW_PID1;
+        ctx->target_main = child_main_target;
+    }
+#endif
     if (__atomic_load_n(&clone3_usable, __ATOMIC_RELAXED)) {
         struct sbx_clone_args ca;
         long r;
 
         memset(&ca, 0, sizeof ca);
-        ca.flags = CLONE_VM | CLONE_VFORK | CLONE_CLEAR_SIGHAND;
+        ca.flags = CLONE_VM | CLONE_VFORK | CLONE_CLEAR_SIGHAND | pid1;
         ca.exit_signal = SIGCHLD;
         ca.stack = (uint64_t)(uintptr_t)stack;
         ca.stack_size = SBX_CHILD_STACK;
-        ctx->how = SBX_HOW_VM | SBX_HOW_CLONE3;
+        ctx->how = SBX_HOW_VM | SBX_HOW_CLONE3 | how_pid1;
         if (spec->cgroup_dirfd >= 0) {
             ca.flags |= CLONE_INTO_CGROUP;
             ca.cgroup = (uint64_t)spec->cgroup_dirfd;
@@ -462,10 +472,10 @@ static pid_t clone_vm_child(struct sbx_child_ctx *ctx, void *stack)
         }
         __atomic_store_n(&clone3_usable, 0, __ATOMIC_RELAXED);
     }
-    ctx->how = SBX_HOW_VM;
+    ctx->how = SBX_HOW_VM | how_pid1;
     /* Stacks grow down on every architecture Linux runs us on. */
-    pid =
-        clone(child_entry, (char *)stack + SBX_CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, ctx);
+    pid = clone(child_entry, (char *)stack + SBX_CHILD_STACK,
+                (int)(CLONE_VM | CLONE_VFORK | pid1 | SIGCHLD), ctx);
     return pid;
 }
 #endif
@@ -523,13 +533,13 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
 
     memset(&ctx, 0, sizeof ctx);
     ctx.spec = spec;
-    /* PID 1 of a PID namespace lives on as the target's reaper: it cannot
-     * share our memory.  Nor can a child that changes uid or gid:
-     * the kernel would mark the shared memory, ours, not dumpable (CPython
-     * forks in that case too). */
+    /* PID 1 of a PID namespace lives on as the target's reaper: it shares
+     * our memory only if it can exec the reaper program.  A child that
+     * changes uid or gid cannot share it: the kernel would mark the shared
+     * memory, ours, not dumpable (CPython forks in that case too). */
     ctx.vforked = SBX_USE_VFORK && spec->hook == NULL && !spec->fork_only &&
-                  !(spec->ns_flags & SBX_CLONE_NEWPID) && spec->uid < 0 && spec->gid < 0 &&
-                  !spec->set_groups;
+                  (!(spec->ns_flags & SBX_CLONE_NEWPID) || spec->ns_reaper != NULL) &&
+                  spec->uid < 0 && spec->gid < 0 && !spec->set_groups;
     pthread_once(&pipe_lock_once, pipe_lock_init);
     if (ctx.vforked)
         pthread_rwlock_rdlock(&pipe_lock);

@@ -75,6 +75,7 @@ def spawn(
         bool,
         bool,
         int,
+        bytes,
     ]
     | None,
     cgroup_dirfd: int,

@@ -24,9 +24,21 @@ from ._landlock import writable_rights
 from ._policy import Policy
 from ._protected import within
 
-__all__ = ["Spawn", "copy_out", "fd_path", "view"]
+__all__ = ["REAPER", "Spawn", "copy_out", "fd_path", "view"]
 
 View = list[tuple[int, bytes, bytes]]
+
+
+def _reaper() -> bytes:
+    """The reaper program PID 1 execs (csrc/linux/pid1.c, built beside the
+    core), if it can be run; else b"": PID 1 is fork()ed instead, which
+    costs a copy of this process's page tables."""
+    path = os.path.join(os.path.dirname(os.path.abspath(_core.__file__)), "_pid1")
+    return os.fsencode(path) if os.access(path, os.X_OK) else b""
+
+
+# Read by tests, which turn it off to try the fork()ed PID 1.
+REAPER = _reaper()
 
 
 def view(
@@ -126,6 +138,7 @@ class Spawn:
             ro_root,
             own_dev,
             self.status_w,
+            REAPER if flags & CLONE_NEWPID else b"",
         )
 
     def take_child_end(self) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 import sbxlimit
-from sbxlimit import Limits, Policy
+from sbxlimit import Limits, Policy, _namespaces
 from sbxlimit._enforce import (
     CLONE_NEWNET,
     CLONE_NEWNS,
@@ -28,7 +28,7 @@ from sbxlimit._enforce import (
     seccomp_works,
 )
 
-from .conftest import settled_fds
+from .conftest import settled_fds, tagged_sleep, wait_no_sleepers
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="namespaces, Landlock and seccomp are Linux's"
@@ -242,9 +242,42 @@ def test_isolate_pids_the_program_is_pid_2_under_pid_1():
 @pytest.mark.parametrize(
     ("script", "code"), [("exit 7", 7), ("kill -SEGV $$", -signal.SIGSEGV), ("true", 0)]
 )
-def test_isolate_pids_ends_as_the_program_did(script, code):
-    r = sbxlimit.run(["sh", "-c", script], policy=Policy(isolate_pids=True, workdir="/"))
+@pytest.mark.parametrize("pid1", ["exec", "fork"])
+def test_isolate_pids_ends_as_the_program_did(script, code, pid1, monkeypatch):
+    # PID 1 execs the reaper program (shares nothing with us after that), or
+    # where it cannot, is a fork() of this process that reaps in place.
+    if pid1 == "fork":
+        monkeypatch.setattr(_namespaces, "REAPER", b"")
+    elif not _namespaces.REAPER:
+        pytest.skip("the reaper program was not built (setup.py builds sbxlimit/_pid1 on Linux)")
+    r = sbxlimit.run(
+        ["sh", "-c", f"{script}"],
+        policy=Policy(isolate_pids=True, workdir="/"),
+        stdout=subprocess.PIPE,
+    )
     assert r.returncode == code
+
+
+@needs_pidns
+def test_pid_1_that_cannot_exec_the_reaper_fails_the_spawn_and_leaves_nothing(monkeypatch):
+    monkeypatch.setattr(_namespaces, "REAPER", b"/nonexistent/_pid1")
+    tag = tagged_sleep()
+    with pytest.raises(sbxlimit.SandboxSetupError, match="ns:pid") as ei:
+        sbxlimit.run(["sleep", tag], policy=Policy(isolate_pids=True, workdir="/"))
+    assert isinstance(ei.value, FileNotFoundError)
+    assert wait_no_sleepers([tag]) == []
+
+
+@needs_pidns
+def test_pid_1_is_the_reaper_program_not_a_copy_of_the_caller():
+    if not _namespaces.REAPER:
+        pytest.skip("the reaper program was not built (setup.py builds sbxlimit/_pid1 on Linux)")
+    with sbxlimit.Popen(["sleep", "30"], policy=Policy(isolate_pids=True, workdir="/")) as p:
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{p.pid}/exe") != os.fsdecode(_namespaces.REAPER):
+            assert time.monotonic() < deadline, os.readlink(f"/proc/{p.pid}/exe")
+            time.sleep(0.01)
+        p.kill_tree(grace=0)
 
 
 @needs_pidns

@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "../sbx_internal.h"
+#include "reaper.h"
 
 #ifndef SYS_close_range
 #define SYS_close_range 436
@@ -419,57 +420,6 @@ static int publish_root(const struct sbx_spec *s)
     return rc;
 }
 
-/* Close every fd but keep (-1: none): the long-lived processes of a PID
- * namespace must not hold the caller's pipe ends open. */
-static void close_all_but(int keep)
-{
-    if (keep > 0 && syscall(SYS_close_range, 0, (unsigned)keep - 1, 0) == 0 &&
-        syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0) == 0)
-        return;
-    if (keep < 0 && syscall(SYS_close_range, 0, ~0U, 0) == 0)
-        return;
-    /* Older kernels: the first 65536 are enough for a process we made. */
-    for (int fd = 0; fd < 65536; fd++)
-        if (fd != keep)
-            (void)close(fd);
-}
-
-static int wait_signal(const sigset_t *set)
-{
-    int sig;
-
-    do {
-        sig = sigwaitinfo(set, NULL);
-    } while (sig < 0 && errno == EINTR);
-    return sig;
-}
-
-/* PID 1: forward every signal to the target, reap every orphan, and when
- * the target is gone hand its status to the parent and exit with the same
- * code (the kernel then kills what is left in the namespace).  PID 1
- * cannot end by a signal of its own: the parent reads the status pipe. */
-static _Noreturn void reaper(pid_t target, int status_fd, const sigset_t *all)
-{
-    for (;;) {
-        int sig = wait_signal(all), st;
-        pid_t r;
-
-        if (sig < 0)
-            _exit(126);
-        if (sig != SIGCHLD) {
-            (void)kill(target, sig);
-            continue;
-        }
-        while ((r = waitpid(-1, &st, WNOHANG)) > 0) {
-            if (r != target)
-                continue;
-            if (status_fd >= 0)
-                (void)write(status_fd, &st, sizeof st);
-            _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-        }
-    }
-}
-
 /* The parent is gone (it holds the status pipe's read end until it reaps
  * us; getppid() says 0 across namespaces, so it cannot tell). */
 static int parent_gone(int status_fd)
@@ -533,9 +483,10 @@ pid_t sbx_ns_clone_pid1(struct sbx_child_ctx *ctx)
     return (pid_t)clone_forklike(flags, -1);
 }
 
-/* The target: a CLONE_VM|CLONE_VFORK child of PID 1 (PID 1 is our own copy
- * of the caller's memory, and waits until the exec). */
-static char target_stack[64 * 1024] __attribute__((aligned(16)));
+/* The target: a CLONE_VM|CLONE_VFORK child of PID 1, on a part of PID 1's
+ * own stack (PID 1 waits until the exec).  Not a static one: a vfork-style
+ * PID 1 shares the caller's memory with other threads that spawn. */
+#define SBX_TARGET_STACK (48 * 1024)
 
 static int target_entry(void *arg)
 {
@@ -547,6 +498,29 @@ static int target_entry(void *arg)
     _exit(127); /* not reached: target_main execs or fails */
 }
 
+static char *put_uint(char *p, unsigned v);
+
+/* A vfork-style PID 1 must not stay in the caller's memory: it execs the
+ * reaper program (csrc/linux/pid1.c) with every signal still blocked.  If
+ * that fails, the target is killed and the spawn fails. */
+static _Noreturn void exec_reaper(const struct sbx_child_ctx *ctx, pid_t target)
+{
+    const struct sbx_spec *s = ctx->spec;
+    char tbuf[16], fbuf[16];
+    char *argv[] = {"sbxlimit-pid1", tbuf, fbuf, NULL};
+    char *envp[] = {NULL};
+    int err;
+
+    *put_uint(tbuf, (unsigned)target) = 0;
+    *put_uint(fbuf, (unsigned)s->ns_status_fd) = 0;
+    if (fcntl(s->ns_status_fd, F_SETFD, 0) == 0)
+        (void)execve(s->ns_reaper, argv, envp);
+    err = errno;
+    (void)kill(target, SIGKILL);
+    (void)waitpid(target, NULL, 0);
+    sbx_child_fail(ctx, SBX_STEP_NS_PID, err, 3);
+}
+
 /* In PID 1: mount /proc, start the target, become the reaper.  Returns
  * only in a forked target (a preexec hook runs the caller's code there). */
 static void enter_pid_ns(const struct sbx_child_ctx *ctx)
@@ -556,10 +530,13 @@ static void enter_pid_ns(const struct sbx_child_ctx *ctx)
     struct sigaction dfl;
     sigset_t all;
     pid_t target;
+    char own_stack[SBX_TARGET_STACK] __attribute__((aligned(16)));
 
     SBX_CHILD_STEP(ctx, SBX_STEP_NS_PID, 2, parent_gone(s->ns_status_fd) ? (errno = ESRCH, -1) : 0);
     sigfillset(&all);
-    (void)sigprocmask(SIG_BLOCK, &all, &tctx.saved_mask);
+    /* A vforked PID 1 has every signal blocked already (the caller's own
+     * mask is in saved_mask); a forked one blocks them here. */
+    (void)sigprocmask(SIG_BLOCK, &all, ctx->vforked ? NULL : &tctx.saved_mask);
     /* Blocked signals queue for sigwaitinfo (a blocked signal reaches PID 1
      * even without a handler); an ignored SIGCHLD would reap children
      * before we can read their status.  The target gets the caller's
@@ -575,9 +552,16 @@ static void enter_pid_ns(const struct sbx_child_ctx *ctx)
     if (s->ns_flags & CLONE_NEWNS)
         (void)mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
     tctx.how &= ~SBX_HOW_PID1;
+    if (ctx->vforked) {
+        target = clone(target_entry, own_stack + sizeof own_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                       &tctx);
+        if (target < 0)
+            sbx_child_fail(ctx, SBX_STEP_NS_PID, errno, 1);
+        exec_reaper(ctx, target);
+    }
     if (s->hook == NULL && ctx->target_main != NULL) {
-        target = clone(target_entry, target_stack + sizeof target_stack,
-                       CLONE_VM | CLONE_VFORK | SIGCHLD, &tctx);
+        target = clone(target_entry, own_stack + sizeof own_stack, CLONE_VM | CLONE_VFORK | SIGCHLD,
+                       &tctx);
     } else {
         target = fork();
         if (target == 0) {
@@ -588,8 +572,8 @@ static void enter_pid_ns(const struct sbx_child_ctx *ctx)
     }
     if (target < 0)
         sbx_child_fail(ctx, SBX_STEP_NS_PID, errno, 1);
-    close_all_but(s->ns_status_fd);
-    reaper(target, s->ns_status_fd, &all);
+    sbx_close_all_but(s->ns_status_fd);
+    sbx_reap(target, s->ns_status_fd, &all);
 }
 
 void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
