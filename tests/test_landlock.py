@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 import sbxlimit
-from sbxlimit import Policy, _core, _enforce
+from sbxlimit import Policy, _core
 from sbxlimit._landlock import subtract
 
 from .conftest import why_not
@@ -17,16 +17,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True)
-def landlock_alone(monkeypatch):
-    """Landlock as the whole file mechanism, as where no mount namespace can
-    be made (tests/test_file_rules.py: the read-only view on top)."""
-    monkeypatch.setenv("SBXLIMIT_NAMESPACES", "0")
-    _enforce.namespaces.cache_clear()
-    _enforce._cache.clear()
-    yield
-    _enforce.namespaces.cache_clear()
-    _enforce._cache.clear()
+# Landlock as the whole file mechanism, as where no mount namespace can be
+# made (tests/test_file_rules.py: the read-only view on top).
+pytestmark = [pytestmark, pytest.mark.usefixtures("no_namespaces")]
 
 
 def sh(script: str, **policy) -> dict[str, int]:
