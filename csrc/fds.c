@@ -2,6 +2,11 @@
  *
  * close_range(2) closes each gap between kept fds in one call; kernels
  * older than 5.9 get the /proc/self/fd walk CPython uses, then brute force.
+ * macOS has neither: brute force up to a bound the parent takes before the
+ * child lowers RLIMIT_NOFILE (sbx_fds_top).
+ *
+ * SBX_TEST_PORTABLE_FDS (tests/c/darwin/test_fds.c): macOS's path on Linux,
+ * without close_range and the /proc walk, with a model of libproc.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -10,14 +15,23 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#ifdef __linux__
+/* SYS_close_range, SYS_getdents64: the test switch leaves them undefined. */
+#if defined(__linux__) && !defined(SBX_TEST_PORTABLE_FDS)
 #include <sys/syscall.h>
+#endif
+#if defined(__APPLE__) || defined(SBX_TEST_PORTABLE_FDS)
+#include <libproc.h>
+#define SBX_FDS_LIBPROC 1
 #endif
 
 #include "sbx_internal.h"
+
+/* Brute force stops here unless an open fd is known above it. */
+#define SBX_FDS_SCAN_MAX 65536u
 
 int sbx_pipe_cloexec(int fds[2])
 {
@@ -138,17 +152,68 @@ static void close_gap_child(const struct sbx_child_ctx *ctx, unsigned lo, unsign
         *use_close_range = 0;
     }
 #endif
-    (void)ctx;
     (void)use_close_range;
     {
-        struct rlimit rl;
-        unsigned fd, top = 65536;
+        /* Not the current RLIMIT_NOFILE: Limits.open_files has lowered it
+         * by now, and fds above it are open all the same. */
+        unsigned fd, top = ctx->fd_top;
 
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < top)
-            top = (unsigned)rl.rlim_cur;
         for (fd = lo; fd <= hi && fd < top; fd++)
             close((int)fd);
     }
+}
+
+#ifdef SBX_FDS_LIBPROC
+/* The highest fd open in this process, or -1.  PROC_PIDLISTFDS fills
+ * struct proc_fdinfo entries and returns bytes, never more than fit: a full
+ * buffer (fds opened meanwhile) is asked again with twice the room. */
+static int highest_fd(void)
+{
+    pid_t self = getpid();
+    /* A NULL buffer: the fd table's size plus room for 20, in bytes. */
+    int size = proc_pidinfo(self, PROC_PIDLISTFDS, 0, NULL, 0);
+    int hi = -1;
+
+    while (size > 0) {
+        struct proc_fdinfo *fds = malloc((size_t)size);
+        int got, i;
+
+        if (!fds)
+            return -1;
+        got = proc_pidinfo(self, PROC_PIDLISTFDS, 0, fds, size);
+        if (got + (int)sizeof *fds > size && size <= INT_MAX / 2) {
+            free(fds);
+            size *= 2;
+            continue;
+        }
+        for (i = 0; i < got / (int)sizeof *fds; i++)
+            if (fds[i].proc_fd > hi)
+                hi = fds[i].proc_fd;
+        free(fds);
+        break;
+    }
+    return hi;
+}
+#endif
+
+unsigned sbx_fds_top(void)
+{
+    struct rlimit rl;
+    unsigned top = SBX_FDS_SCAN_MAX;
+
+    /* An fd another thread opens before the fork is below the soft limit. */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < top)
+        top = (unsigned)rl.rlim_cur;
+#ifdef SBX_FDS_LIBPROC
+    {
+        /* An fd opened before the soft limit was lowered lies above it. */
+        int hi = highest_fd();
+
+        if (hi >= 0 && (unsigned)hi >= top)
+            top = (unsigned)hi + 1;
+    }
+#endif
+    return top;
 }
 
 void sbx_fds_close_child(const struct sbx_child_ctx *ctx)

@@ -18,6 +18,8 @@ struct sbx_child_ctx {
      * namespaces, then exec (spawn.c). */
     void (*target_main)(const struct sbx_child_ctx *ctx);
     struct sigaction target_chld; /* the SIGCHLD disposition it gets back */
+    /* close_fds by brute force closes the fds below this (sbx_fds_top). */
+    unsigned fd_top;
 };
 
 /* fds.c, parent side: a pipe with both ends close-on-exec (pipe2 where it
@@ -81,6 +83,10 @@ _Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err
 /* rlimit.c, child side: set every limit of the spec, in order. */
 void sbx_rlimit_apply_child(const struct sbx_child_ctx *ctx);
 
+/* fds.c, parent side: the bound for closing fds by brute force (macOS has
+ * no close_range), taken before the child lowers RLIMIT_NOFILE: the soft
+ * limit, or past the highest open fd (libproc) when that is above it. */
+unsigned sbx_fds_top(void);
 /* fds.c, child side: clear close-on-exec on the kept fds. */
 void sbx_fds_keep_child(const struct sbx_child_ctx *ctx);
 /* fds.c, child side: close every fd >= 3 except the kept ones and errfd. */

@@ -533,6 +533,9 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
 
     memset(&ctx, 0, sizeof ctx);
     ctx.spec = spec;
+    /* Here, not in the child: its rlimits lower RLIMIT_NOFILE first. */
+    if (spec->close_fds && !spec->fork_only)
+        ctx.fd_top = sbx_fds_top();
     /* PID 1 of a PID namespace lives on as the target's reaper: it shares
      * our memory only if it can exec the reaper program.  A child that
      * changes uid or gid cannot share it: the kernel would mark the shared
