@@ -30,6 +30,30 @@ UML = shutil.which("linux.uml") or (
 )
 
 
+def _guest_cannot_boot() -> str:
+    """Why a UML guest cannot boot on this host, or "".  UML 6.1 (Debian
+    bookworm's) saves the guest's FPU state with PTRACE_SETREGSET of a
+    fixed-size XSTATE buffer; a host CPU with a larger one (AMX) refuses it
+    (EFAULT) and the guest's init dies before anything runs."""
+    if UML is None or os.environ.get("SBXLIMIT_IN_UML") == "1" or os.geteuid() != 0:
+        return ""
+    r = subprocess.run(
+        [RUNNER, "-v", "--timeout", "60", "--", "/bin/true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if r.returncode == 0:
+        return ""
+    if "ptrace set fp regs failed" in r.stderr + r.stdout:
+        return (
+            "User-Mode Linux 6.1 cannot run on this host's CPU: its FPU state is larger "
+            "(AMX) than the guest kernel saves through ptrace, and the guest dies at boot; "
+            "the cgroup v2 and no-Landlock runs need a host without AMX"
+        )
+    return ""  # another failure: the test itself reports it
+
+
 @pytest.mark.skipif(
     UML is None, reason="no User-Mode Linux kernel: apt-get install user-mode-linux"
 )
@@ -43,6 +67,9 @@ def test_cgroup_suite_under_cgroup2():
     cgroup, and in a leaf that holds it, as under systemd with
     Delegate=yes (where cgroup v2's no-internal-process rule applies); and
     the attacks on a kernel without Landlock."""
+    why = _guest_cannot_boot()
+    if why:
+        pytest.skip(why)
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     pytest_cmd += ["-p", "no:randomly"]
     cgroups = [os.path.join(HERE, "test_cgroups.py")]
