@@ -22,25 +22,20 @@ import importlib.util
 import os
 import resource
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from .cbuild import MACOS_TARGETS, SANITIZE, host_cc, require_sanitizers, sanitizer_env
+from .cbuild import WARNINGS as C_WARNINGS
+
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
 DARWIN = ROOT / "tests" / "c" / "darwin"
 
-WARNINGS = ["-std=c11", "-Wall", "-Wextra", "-Wshadow", "-Wformat=2", "-Werror", "-D_GNU_SOURCE"]
-SANITIZE = [
-    "-g",
-    "-fsanitize=address,undefined",
-    "-fno-omit-frame-pointer",
-    "-fno-sanitize-recover=all",
-]
-MACOS_TARGETS = ["aarch64-macos", "x86_64-macos"]
+WARNINGS = [*C_WARNINGS, "-D_GNU_SOURCE"]
 
 PROCTREE_SOURCES = [
     DARWIN / "test_proctree.c",
@@ -81,13 +76,6 @@ pytestmark = pytest.mark.skipif(
     reason="the libproc model stands in for macOS on Linux (it reads /proc/self/fd); "
     "on macOS the real libproc is exercised by test_macos.py",
 )
-
-
-def host_cc() -> list[str]:
-    cc = shlex.split(os.environ.get("CC", "")) or ["cc"]
-    if shutil.which(cc[0]) is None:
-        pytest.skip(f"no C compiler: {cc[0]!r} not found (set CC)")
-    return cc
 
 
 def build(out: Path, sources: list[Path], *flags: str) -> Path:
@@ -141,29 +129,10 @@ def test_close_fds_portable(fds_exe: Path, case: str) -> None:
     assert_passed(run(fds_exe, case), case)
 
 
-def sanitizer_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)  # an ASan preload of the test run itself
-    env["ASAN_OPTIONS"] = "detect_leaks=1"
-    env["UBSAN_OPTIONS"] = "print_stacktrace=1"
-    return env
-
-
 @pytest.mark.parametrize("what", ["proctree", "fds"])
 def test_under_sanitizers(tmp_path: Path, what: str) -> None:
-    cc = host_cc()
-    probe_src = tmp_path / "probe.c"
-    probe_src.write_text("int main(void) { return 0; }\n")
-    probe = tmp_path / "probe"
-    made = subprocess.run(
-        [*cc, *SANITIZE, str(probe_src), "-o", str(probe)], capture_output=True, text=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"{cc[0]} cannot build with {SANITIZE[1]}: {made.stderr.strip()[:200]}")
-    ran = subprocess.run([str(probe)], capture_output=True, text=True, env=sanitizer_env())
-    if ran.returncode != 0:
-        pytest.skip(f"sanitized programs do not run here: {ran.stderr.strip()[:200]}")
-    env = sanitizer_env()
+    require_sanitizers(tmp_path, host_cc())
+    env = sanitizer_env(leaks=True)
     if what == "proctree":
         exe = build(tmp_path / what, PROCTREE_SOURCES, *PROCTREE_FLAGS, *SANITIZE)
         assert_passed(run(exe, "all", env=env), *PROCTREE_CASES)

@@ -13,34 +13,20 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from .cbuild import MACOS_TARGETS, SANITIZE, WARNINGS, host_cc, require_sanitizers, sanitizer_env
+
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
 BUILDER = CSRC / "darwin" / "seatbelt.c"
 UNIT_TEST = ROOT / "tests" / "c" / "test_seatbelt.c"
 
-WARNINGS = ["-std=c11", "-Wall", "-Wextra", "-Wshadow", "-Wformat=2", "-Werror"]
-SANITIZE = [
-    "-g",
-    "-fsanitize=address,undefined",
-    "-fno-omit-frame-pointer",
-    "-fno-sanitize-recover=all",
-]
-MACOS_TARGETS = ["aarch64-macos", "x86_64-macos"]
 MACHO_64_MAGIC = b"\xcf\xfa\xed\xfe"  # MH_MAGIC_64, little-endian (both targets)
-
-
-def host_cc() -> list[str]:
-    cc = shlex.split(os.environ.get("CC", "")) or ["cc"]
-    if shutil.which(cc[0]) is None:
-        pytest.skip(f"no C compiler: {cc[0]!r} not found (set CC)")
-    return cc
 
 
 def build(cc: list[str], out: Path, *flags: str) -> None:
@@ -64,32 +50,14 @@ def test_unit_tests_pass(tmp_path: Path) -> None:
     run_unit_tests(exe, tmp_path / "run")
 
 
-def sanitizer_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)  # an ASan preload of the test run itself
-    env["ASAN_OPTIONS"] = "detect_leaks=0"  # LSan needs ptrace-free hosts; nothing allocates
-    env["UBSAN_OPTIONS"] = "print_stacktrace=1"
-    return env
-
-
 def test_unit_tests_pass_under_sanitizers(tmp_path: Path) -> None:
     cc = host_cc()
-    probe_src = tmp_path / "probe.c"
-    probe_src.write_text("int main(void) { return 0; }\n")
-    probe = tmp_path / "probe"
-    made = subprocess.run(
-        [*cc, *SANITIZE, str(probe_src), "-o", str(probe)], capture_output=True, text=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"{cc[0]} cannot build with {SANITIZE[1]}: {made.stderr.strip()[:200]}")
-    ran = subprocess.run([str(probe)], capture_output=True, text=True, env=sanitizer_env())
-    if ran.returncode != 0:
-        pytest.skip(f"sanitized programs do not run here: {ran.stderr.strip()[:200]}")
-
+    require_sanitizers(tmp_path, cc)
     exe = tmp_path / "test_seatbelt_asan"
     build(cc, exe, *SANITIZE)
     (tmp_path / "run").mkdir()
-    run_unit_tests(exe, tmp_path / "run", env=sanitizer_env())
+    # Nothing allocates: no leak check (LSan needs a ptrace-free host).
+    run_unit_tests(exe, tmp_path / "run", env=sanitizer_env(leaks=False))
 
 
 @pytest.mark.parametrize("target", MACOS_TARGETS)
