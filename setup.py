@@ -39,7 +39,13 @@ def sources(platform: str) -> list[str]:
         ]
         return [*COMMON, *(f"csrc/linux/{f}" for f in linux)]
     if platform == "darwin":
-        return [*COMMON, "csrc/darwin/proctree.c", "csrc/cgroup_none.c", "csrc/seccomp_none.c"]
+        darwin = ["proctree.c", "seatbelt_apply.c"]
+        return [
+            *COMMON,
+            *(f"csrc/darwin/{f}" for f in darwin),
+            "csrc/cgroup_none.c",
+            "csrc/seccomp_none.c",
+        ]
     return [*COMMON, "csrc/proctree_none.c", "csrc/cgroup_none.c", "csrc/seccomp_none.c"]
 
 
@@ -54,37 +60,56 @@ if os.environ.get("SBXLIMIT_DEBUG"):
     macros.append(("SBX_NO_VFORK", "1"))
 
 
-class BuildWithReaper(build_ext):
-    """Also builds csrc/linux/pid1.c into sbxlimit/_pid1 (Linux): the
-    reaper a PID namespace's PID 1 execs, so that it need not be a fork()
-    of the caller.  Static where the toolchain can (an exec of it is then
-    the cheapest); without it, PID 1 is fork()ed as before."""
+# Programs built beside the extension, per platform: (name, sources, link
+# options tried in order).  Linux: the reaper a PID namespace's PID 1 execs,
+# so that it need not be a fork() of the caller (static where the toolchain
+# can: an exec of it is then the cheapest; without it, PID 1 is fork()ed).
+# macOS: the program a sandbox's target is exec'd through, which applies
+# the Seatbelt profile and reports a refusal (csrc/darwin/seatbelt_exec.c).
+HELPERS = {
+    "linux": [("_pid1", ["csrc/linux/pid1.c"], [["-static", "-s"], ["-s"]])],
+    "darwin": [
+        (
+            "_seatbelt_exec",
+            ["csrc/darwin/seatbelt_exec.c", "csrc/darwin/seatbelt_apply.c"],
+            [[]],
+        )
+    ],
+}
+
+
+def helpers(platform: str) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The helper programs for `platform` (a sys.platform value)."""
+    return HELPERS.get("linux" if platform.startswith("linux") else platform, [])
+
+
+class BuildWithHelpers(build_ext):
+    """Also builds the platform's helper programs into the package (HELPERS)."""
 
     def run(self) -> None:
         super().run()
-        if not sys.platform.startswith("linux"):
-            return
         out = os.path.dirname(self.get_ext_fullpath("sbxlimit._core"))
-        objs = self.compiler.compile(
-            ["csrc/linux/pid1.c"],
-            output_dir=self.build_temp,
-            macros=macros,
-            include_dirs=["csrc"],
-            extra_postargs=[*compile_args, "-Os"],
-        )
-        for extra in (["-static", "-s"], ["-s"]):
-            try:
-                self.compiler.link_executable(
-                    objs, "_pid1", output_dir=out, extra_postargs=[*link_args, *extra]
-                )
-                return
-            except Exception as e:  # e.g. no static libc: try dynamic linking
-                print(f"_pid1 with {' '.join(extra)}: {e}", file=sys.stderr)
+        for name, srcs, link_options in helpers(sys.platform):
+            objs = self.compiler.compile(
+                srcs,
+                output_dir=self.build_temp,
+                macros=macros,
+                include_dirs=["csrc"],
+                extra_postargs=[*compile_args, "-Os"],
+            )
+            for extra in link_options:
+                try:
+                    self.compiler.link_executable(
+                        objs, name, output_dir=out, extra_postargs=[*link_args, *extra]
+                    )
+                    break
+                except Exception as e:  # e.g. no static libc: try the next way
+                    print(f"{name} with {' '.join(extra)}: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
     setup(
-        cmdclass={"build_ext": BuildWithReaper},
+        cmdclass={"build_ext": BuildWithHelpers},
         ext_modules=[
             Extension(
                 "sbxlimit._core",

@@ -19,6 +19,9 @@
 
 #include "sbx.h"
 #include "seatbelt.h"
+#ifdef __APPLE__
+#include "darwin/seatbelt_apply.h"
+#endif
 
 /* Everything a spec points into, freed in one place. */
 struct spec_storage {
@@ -46,7 +49,6 @@ static void storage_free(struct spec_storage *st)
     PyMem_Free(st->view);
 }
 
-/* A NULL-terminated char* array from a sequence of path-likes. */
 /* A NULL-terminated char* array from a sequence of path-likes; the bytes
  * objects the pointers point into are appended to keep. */
 static char **to_cstrings_keep(PyObject *seq, const char *what, PyObject *keep, size_t *n_out)
@@ -626,20 +628,49 @@ static const char **path_array(PyObject *seq, const char *what, PyObject *keep, 
 }
 
 PyDoc_STRVAR(seatbelt_profile_doc,
-             "seatbelt_profile(workspace, temp_dirs, writable_roots, deny_read, deny_write,\n"
-             "                 protect_dotfiles, home, network, proxy_ports, /) -> str\n"
+             "seatbelt_profile(*, workspace=None, workspaces_root=None, writable_roots=(),\n"
+             "                 deny_read=(), deny_write=(), protect_dotfiles=False,\n"
+             "                 protected_paths=(), ttys=(), unix_sockets=(), network=0,\n"
+             "                 proxy_ports=()) -> str\n"
              "--\n\n"
-             "Render a Seatbelt (SBPL) profile (csrc/darwin/seatbelt.c).  Paths must be\n"
-             "canonical already (seatbelt_canonical).  network: 0 allow, 1 deny, 2 proxy.\n"
-             "Raises ValueError naming an invalid path.");
+             "Render a Seatbelt (SBPL) profile (csrc/darwin/seatbelt.c; the fields are\n"
+             "struct sbx_seatbelt_policy's).  Paths must be canonical already\n"
+             "(seatbelt_canonical).  network: 0 allow, 1 deny, 2 proxy.  Raises\n"
+             "ValueError naming an invalid path.");
 
-static PyObject *core_seatbelt_profile(PyObject *self, PyObject *args)
+/* An optional path argument (None: NULL), its bytes kept in keep. */
+static int opt_path(PyObject *arg, PyObject *keep, const char **out)
 {
-    PyObject *workspace, *temp_dirs, *roots, *deny_read, *deny_write, *home, *ports;
-    PyObject *keep = NULL, *ws_b = NULL, *home_b = NULL, *result = NULL;
-    const char **tmp = NULL, **wr = NULL, **dr = NULL, **dw = NULL;
+    PyObject *b = NULL;
+    int rc;
+
+    *out = NULL;
+    if (arg == NULL || arg == Py_None)
+        return 0;
+    if (!PyUnicode_FSConverter(arg, &b))
+        return -1;
+    rc = PyList_Append(keep, b);
+    *out = PyBytes_AS_STRING(b);
+    Py_DECREF(b); /* keep holds it */
+    return rc;
+}
+
+static PyObject *core_seatbelt_profile(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"workspace",    "workspaces_root",  "writable_roots",  "deny_read",
+                             "deny_write",   "protect_dotfiles", "protected_paths", "ttys",
+                             "unix_sockets", "network",          "proxy_ports",     NULL};
+    PyObject *workspace = NULL, *root = NULL, *empty = NULL, *keep = NULL, *result = NULL;
+    PyObject *lists[6] = {NULL, NULL, NULL, NULL, NULL, NULL}, *ports = NULL;
+    const char **arrays[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t counts[6] = {0, 0, 0, 0, 0, 0};
+    static const char *const what[6] = {
+        "writable_roots must be a sequence", "deny_read must be a sequence",
+        "deny_write must be a sequence",     "protected_paths must be a sequence",
+        "ttys must be a sequence",           "unix_sockets must be a sequence",
+    };
     int *port_v = NULL;
-    int protect, network, rc;
+    int protect = 0, network = 0, rc, i;
     struct sbx_seatbelt_policy pol;
     size_t needed = 0, n_ports = 0;
     const char *bad = NULL;
@@ -647,35 +678,33 @@ static PyObject *core_seatbelt_profile(PyObject *self, PyObject *args)
 
     (void)self;
     memset(&pol, 0, sizeof pol);
-    if (!PyArg_ParseTuple(args, "OOOOOpOiO:seatbelt_profile", &workspace, &temp_dirs, &roots,
-                          &deny_read, &deny_write, &protect, &home, &network, &ports))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOOOpOOOiO:seatbelt_profile", kwlist,
+                                     &workspace, &root, &lists[0], &lists[1], &lists[2], &protect,
+                                     &lists[3], &lists[4], &lists[5], &network, &ports))
         return NULL;
-    keep = PyList_New(0);
-    if (!keep)
-        return NULL;
-    if (workspace != Py_None) {
-        if (!PyUnicode_FSConverter(workspace, &ws_b))
-            goto done;
-        pol.workspace = PyBytes_AS_STRING(ws_b);
-    }
-    if (home != Py_None) {
-        if (!PyUnicode_FSConverter(home, &home_b))
-            goto done;
-        pol.home = PyBytes_AS_STRING(home_b);
-    }
-    if (!(tmp = path_array(temp_dirs, "temp_dirs must be a sequence", keep, &pol.n_temp_dirs)) ||
-        !(wr = path_array(roots, "writable_roots must be a sequence", keep,
-                          &pol.n_writable_roots)) ||
-        !(dr = path_array(deny_read, "deny_read must be a sequence", keep, &pol.n_deny_read)) ||
-        !(dw = path_array(deny_write, "deny_write must be a sequence", keep, &pol.n_deny_write)))
+    if (!(keep = PyList_New(0)) || !(empty = PyTuple_New(0)))
         goto done;
-    if (to_ints(ports, "proxy_ports must be a sequence", &port_v, &n_ports) < 0)
+    if (opt_path(workspace, keep, &pol.workspace) < 0 ||
+        opt_path(root, keep, &pol.workspaces_root) < 0)
         goto done;
-    pol.temp_dirs = tmp;
-    pol.writable_roots = wr;
-    pol.deny_read = dr;
-    pol.deny_write = dw;
+    for (i = 0; i < 6; i++)
+        if (!(arrays[i] = path_array(lists[i] ? lists[i] : empty, what[i], keep, &counts[i])))
+            goto done;
+    if (to_ints(ports ? ports : empty, "proxy_ports must be a sequence", &port_v, &n_ports) < 0)
+        goto done;
+    pol.writable_roots = arrays[0];
+    pol.n_writable_roots = counts[0];
+    pol.deny_read = arrays[1];
+    pol.n_deny_read = counts[1];
+    pol.deny_write = arrays[2];
+    pol.n_deny_write = counts[2];
     pol.protect_dotfiles = protect;
+    pol.protected_paths = arrays[3];
+    pol.n_protected_paths = counts[3];
+    pol.ttys = arrays[4];
+    pol.n_ttys = counts[4];
+    pol.unix_sockets = arrays[5];
+    pol.n_unix_sockets = counts[5];
     pol.network = (enum sbx_seatbelt_net)network;
     pol.proxy_ports = port_v;
     pol.n_proxy_ports = n_ports;
@@ -707,14 +736,11 @@ static PyObject *core_seatbelt_profile(PyObject *self, PyObject *args)
     result = PyUnicode_DecodeFSDefaultAndSize(buf, (Py_ssize_t)needed - 1);
 done:
     PyMem_Free(buf);
-    PyMem_Free(tmp);
-    PyMem_Free(wr);
-    PyMem_Free(dr);
-    PyMem_Free(dw);
+    for (i = 0; i < 6; i++)
+        PyMem_Free(arrays[i]);
     PyMem_Free(port_v);
-    Py_XDECREF(ws_b);
-    Py_XDECREF(home_b);
-    Py_DECREF(keep);
+    Py_XDECREF(empty);
+    Py_XDECREF(keep);
     return result;
 }
 
@@ -871,10 +897,53 @@ static PyObject *core_seccomp_program(PyObject *self, PyObject *args)
     return PyBytes_FromStringAndSize((const char *)filter, (Py_ssize_t)(n * sizeof filter[0]));
 }
 
+#ifdef __APPLE__
+PyDoc_STRVAR(seatbelt_apply_doc,
+             "seatbelt_apply(profile, /) -> None\n"
+             "--\n\n"
+             "Put this process under the Seatbelt profile (SBPL text) for good: the\n"
+             "forked-callable path (darwin/seatbelt_apply.c).  OSError(errno, libsandbox's\n"
+             "message) when macOS refuses it.");
+
+static PyObject *core_seatbelt_apply(PyObject *self, PyObject *arg)
+{
+    char msg[512];
+    const char *profile;
+    Py_ssize_t len;
+    int err;
+
+    (void)self;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "profile must be a str");
+        return NULL;
+    }
+    profile = PyUnicode_AsUTF8AndSize(arg, &len);
+    if (!profile)
+        return NULL;
+    if (strlen(profile) != (size_t)len) {
+        PyErr_SetString(PyExc_ValueError, "profile holds a NUL");
+        return NULL;
+    }
+    /* The forked child is single-threaded: no need to release the GIL. */
+    err = sbx_seatbelt_apply(profile, msg, sizeof msg);
+    if (err != 0) {
+        PyObject *e = Py_BuildValue("(is)", err, msg);
+
+        if (e) {
+            PyErr_SetObject(PyExc_OSError, e);
+            Py_DECREF(e);
+        }
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+#endif
+
 static PyMethodDef core_methods[] = {
     {"seccomp_program", core_seccomp_program, METH_VARARGS, seccomp_program_doc},
     {"landlock_ruleset", core_landlock_ruleset, METH_VARARGS, landlock_ruleset_doc},
-    {"seatbelt_profile", core_seatbelt_profile, METH_VARARGS, seatbelt_profile_doc},
+    {"seatbelt_profile", (PyCFunction)(void (*)(void))core_seatbelt_profile,
+     METH_VARARGS | METH_KEYWORDS, seatbelt_profile_doc},
     {"seatbelt_canonical", core_seatbelt_canonical, METH_O, seatbelt_canonical_doc},
     {"cgroup_fs_kind", core_cgroup_fs_kind, METH_O, cgroup_fs_kind_doc},
     {"probe", core_probe, METH_VARARGS, probe_doc},
@@ -882,6 +951,9 @@ static PyMethodDef core_methods[] = {
     {"spawn", core_spawn, METH_VARARGS, spawn_doc},
     {"tree_sample", core_tree_sample, METH_VARARGS, tree_sample_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
+#ifdef __APPLE__
+    {"seatbelt_apply", core_seatbelt_apply, METH_O, seatbelt_apply_doc},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,8 +1,8 @@
 /* seatbelt.h -- the macOS Seatbelt (SBPL) profile builder: darwin/seatbelt.c.
  *
  * Plain C11, no Python, no platform code: it builds and is unit-tested on
- * every OS (tests/c/test_seatbelt.c), and the darwin spawn path passes its
- * output to `/usr/bin/sandbox-exec -p PROFILE`.  Both functions run in the
+ * every OS (tests/c/test_seatbelt.c), and the darwin spawn path applies its
+ * output with sandbox_init (darwin/seatbelt_apply.c).  Both functions run in the
  * parent, before fork; neither allocates.
  *
  * Paths are canonicalised by sbx_seatbelt_canonical() first (Seatbelt
@@ -17,8 +17,8 @@
 #include <stddef.h>
 
 enum sbx_seatbelt_net {
-    SBX_SEATBELT_NET_ALLOW = 0, /* every network operation */
-    SBX_SEATBELT_NET_DENY,      /* none, Unix-domain sockets included */
+    SBX_SEATBELT_NET_ALLOW = 0, /* every network operation but Unix sockets' */
+    SBX_SEATBELT_NET_DENY,      /* none */
     SBX_SEATBELT_NET_PROXY      /* only loopback to proxy_ports */
 };
 
@@ -27,25 +27,41 @@ enum sbx_seatbelt_net {
  * `/etc` -> `/private/...` rule itself (sbx_seatbelt_private_prefix) and
  * drops trailing slashes, but resolves nothing. */
 struct sbx_seatbelt_policy {
-    const char *workspace; /* writable; NULL: none */
+    const char *workspace; /* read, written, its Unix sockets reachable; NULL: none */
 
-    /* Writable temporary directories besides the two every profile has,
-     * `/private/tmp` and `/private/var/folders` (normally: the canonical
-     * TMPDIR, or nothing). */
-    const char *const *temp_dirs;
-    size_t n_temp_dirs;
+    /* Where sandboxes' private workspaces are made (the caller's temp
+     * dir): every entry below it named like one (sbxlimit-<id>-...) but
+     * `workspace` is neither read nor written, whatever writable_roots
+     * say.  NULL: no such rule. */
+    const char *workspaces_root;
     const char *const *writable_roots;
     size_t n_writable_roots;
-    const char *const *deny_read; /* applied after the read allow */
+    const char *const *deny_read; /* applied after the read allows */
     size_t n_deny_read;
     const char *const *deny_write; /* applied after every write allow */
     size_t n_deny_write;
 
-    /* Deny writes to the shell and git start-up files under home and to
-     * every `.git/hooks` (and `.git/modules/.../hooks`), after the allows.
-     * home NULL or "": only the hooks. */
+    /* protect_dotfiles: writes denied, after the allows, to every
+     * `.git/hooks` and `.git/config` (also under .git/modules/ and
+     * .git/worktrees/) and to each path of `protected` (the caller lists
+     * HOME's dotfiles both as links and as their targets, and the git
+     * directories it found). */
     int protect_dotfiles;
-    const char *home;
+    const char *const *protected_paths;
+    size_t n_protected_paths;
+
+    /* The terminal devices on the sandbox's stdio: read, written and
+     * ioctl'd (never TIOCSTI).  Every other terminal but the ptys the
+     * sandbox opens is out of reach. */
+    const char *const *ttys;
+    size_t n_ttys;
+
+    /* Unix sockets the sandbox may connect to besides the system's
+     * logging (and, with network allowed, name-resolution) sockets and
+     * those in its workspace; every other connect is refused in every
+     * network mode. */
+    const char *const *unix_sockets;
+    size_t n_unix_sockets;
 
     enum sbx_seatbelt_net network;
     const int *proxy_ports; /* 1..65535, any order, duplicates allowed */

@@ -100,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--deny-read", action="append", default=[], metavar="PATH")
     r.add_argument("--deny-write", action="append", default=[], metavar="PATH")
     r.add_argument(
+        "--unix-socket",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a Unix socket the program may connect to (macOS refuses the others; repeatable)",
+    )
+    r.add_argument(
         "--terminal",
         action="store_true",
         help="with a policy, keep this terminal for the program (its session, job control, "
@@ -140,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     sb.add_argument("--writable", action="append", default=[], metavar="PATH")
     sb.add_argument("--deny-read", action="append", default=[], metavar="PATH")
     sb.add_argument("--deny-write", action="append", default=[], metavar="PATH")
+    sb.add_argument("--unix-socket", action="append", default=[], metavar="PATH")
     sb.add_argument(
         "--no-protect-dotfiles", action="store_true", help="allow writes to shell/git dotfiles"
     )
@@ -167,6 +175,7 @@ def _seatbelt_profile(args: argparse.Namespace) -> int:
             writable_roots=args.writable,
             deny_read=args.deny_read,
             deny_write=args.deny_write,
+            unix_sockets=args.unix_socket,
             protect_dotfiles=not args.no_protect_dotfiles,
             network="deny" if args.deny_network else "proxy" if args.proxy_port else "allow",
             proxy_ports=args.proxy_port,
@@ -231,6 +240,7 @@ def _policy(args: argparse.Namespace) -> Policy | None:
         or args.writable
         or args.deny_read
         or args.deny_write
+        or args.unix_socket
         or args.strict
         or args.terminal
     ):
@@ -240,6 +250,7 @@ def _policy(args: argparse.Namespace) -> Policy | None:
         writable_roots=[os.path.abspath(p) for p in args.writable],
         deny_read=[os.path.abspath(p) for p in args.deny_read],
         deny_write=[os.path.abspath(p) for p in args.deny_write],
+        unix_sockets=[os.path.abspath(p) for p in args.unix_socket],
         terminal=args.terminal,
         strict=args.strict,
     )

@@ -1,5 +1,6 @@
 """Type stub for the C extension sbxlimit._core (csrc/_coremodule.c)."""
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -94,18 +95,25 @@ def probe(kind: int, arg: int = 0, timeout_ms: int = 1000, /) -> int: ...
 def landlock_abi() -> int: ...
 def cgroup_fs_kind(path: StrOrBytesPath, /) -> int: ...
 def seatbelt_profile(
-    workspace: StrOrBytesPath | None,
-    temp_dirs: Sequence[StrOrBytesPath],
-    writable_roots: Sequence[StrOrBytesPath],
-    deny_read: Sequence[StrOrBytesPath],
-    deny_write: Sequence[StrOrBytesPath],
-    protect_dotfiles: bool,
-    home: StrOrBytesPath | None,
-    network: int,
-    proxy_ports: Sequence[int],
-    /,
+    *,
+    workspace: StrOrBytesPath | None = None,
+    workspaces_root: StrOrBytesPath | None = None,
+    writable_roots: Sequence[StrOrBytesPath] = (),
+    deny_read: Sequence[StrOrBytesPath] = (),
+    deny_write: Sequence[StrOrBytesPath] = (),
+    protect_dotfiles: bool = False,
+    protected_paths: Sequence[StrOrBytesPath] = (),
+    ttys: Sequence[StrOrBytesPath] = (),
+    unix_sockets: Sequence[StrOrBytesPath] = (),
+    network: int = 0,
+    proxy_ports: Sequence[int] = (),
 ) -> str: ...
 def seatbelt_canonical(path: StrOrBytesPath, /) -> str: ...
+
+if sys.platform == "darwin":
+    # Put this process under the profile (the forked-callable path).
+    def seatbelt_apply(profile: str, /) -> None: ...
+
 def landlock_ruleset(
     handled: int,
     rules: Sequence[tuple[StrOrBytesPath, int]],

@@ -175,7 +175,13 @@ def doctor() -> Report:
             _check_container,
         ]
     elif sys.platform == "darwin":
-        probes = [_check_spawn, _check_rlimits, _check_sandbox_exec, _check_darwin_limits]
+        probes = [
+            _check_spawn,
+            _check_rlimits,
+            _check_seatbelt,
+            _check_process_tree,
+            _check_darwin_limits,
+        ]
     else:
         probes = [_check_unsupported_os]
     checks = []
@@ -246,7 +252,13 @@ def _check_rlimits() -> Check:
     checked = ["CPU", "FSIZE", "NOFILE", "DATA", "AS", "CORE"]
     limits = Limits(cpu_time=30, file_size="1Gi", open_files=64, memory="1Gi", address_space="8Gi")
     want = [30, 1 << 30, 64, 1 << 30, 8 << 30, 0]
-    if os.geteuid() != 0:  # RLIMIT_NPROC does not bind root: not set then
+    if not _LINUX:
+        # macOS holds memory and pids with the tree watchdog (RLIMIT_DATA and
+        # RLIMIT_AS cannot go below the address map's size there).
+        checked = ["CPU", "FSIZE", "NOFILE", "CORE"]
+        limits = Limits(cpu_time=30, file_size="1Gi", open_files=64)
+        want = [30, 1 << 30, 64, 0]
+    elif os.geteuid() != 0:  # RLIMIT_NPROC does not bind root: not set then
         checked.append("NPROC")
         limits = Limits(**{**limits.to_dict(), "pids": 4096})
         want.append(4096)
@@ -676,44 +688,124 @@ def _check_container() -> Check:
     return Check("container", INFO, "no sign of a container or outer sandbox")
 
 
-def _check_sandbox_exec() -> Check:  # pragma: no cover - macOS only
-    path = "/usr/bin/sandbox-exec"
-    if not os.path.exists(path):
-        return Check("sandbox_exec", UNAVAILABLE, f"{path} is missing", "macOS 10.5+ ships it")
-    r = subprocess.run(
-        [path, "-p", "(version 1)(allow default)", "/usr/bin/true"],
-        capture_output=True,
-        timeout=_TIMEOUT_MS / 1000,
-    )
-    if r.returncode:
-        return Check("sandbox_exec", UNAVAILABLE, f"a trivial profile was refused: {r.stderr!r}")
-    # The profile sandboxes get by default, for real.
-    profile = Policy().seatbelt_profile()
-    r = subprocess.run(
-        [path, "-p", profile, "--", "/usr/bin/true"],
-        capture_output=True,
-        timeout=_TIMEOUT_MS / 1000,
-    )
-    if r.returncode:
+def _check_seatbelt() -> Check:  # pragma: no cover - macOS only
+    """The default profile, applied for real to what agents run most: a
+    Python, a shell, git."""
+    import shutil
+
+    from ._errors import SandboxSetupError
+    from ._run import run
+    from ._seatbelt import HELPER
+
+    if not os.access(HELPER, os.X_OK):
         return Check(
-            "sandbox_exec",
+            "seatbelt", UNAVAILABLE, f"{HELPER} is missing", "reinstall sbxlimit from source"
+        )
+    programs = [
+        [sys.executable, "-c", "import tempfile, subprocess; tempfile.TemporaryFile().close()"],
+        ["/bin/sh", "-c", 'echo ok > "$TMPDIR/probe" && cat "$TMPDIR/probe" >/dev/null'],
+    ]
+    git = shutil.which("git")
+    if git:
+        programs.append([git, "init", "-q", "repo"])
+    failed = []
+    for argv in programs:
+        # The default policy, as a sandbox gets it: a private workspace
+        # (cwd and TMPDIR), nothing else writable.
+        try:
+            r = run(argv, policy=Policy(), capture_output=True, timeout=30)
+        except SandboxSetupError as e:
+            return Check("seatbelt", UNAVAILABLE, f"the profile was refused: {e}")
+        if r.returncode != 0:
+            err = r.stderr.decode(errors="replace").strip()[-200:]
+            failed.append(f"{os.path.basename(argv[0])} exited {r.returncode}: {err}")
+    if failed:
+        return Check(
+            "seatbelt",
             DEGRADED,
-            f"sbxlimit's generated profile was refused: {r.stderr!r}",
+            "under the generated profile: " + "; ".join(failed),
             "report this with `sbxlimit seatbelt-profile` output (docs/seatbelt.md)",
         )
-    return Check(
-        "sandbox_exec",
-        OK,
-        "sandboxes run under a generated Seatbelt profile (sandbox-exec is deprecated by "
-        "Apple but still shipped)",
-    )
+    names = ", ".join(os.path.basename(a[0]) for a in programs)
+    return Check("seatbelt", OK, f"{names} ran under the generated Seatbelt profile")
+
+
+def _check_process_tree() -> Check:
+    """The tree the watchdog and kill_tree see: three levels, one of them a
+    session of its own, all seen and all ended."""
+    import tempfile
+
+    from ._popen import Popen
+
+    with tempfile.TemporaryDirectory(prefix="sbxlimit-doctor-") as where:
+        pids = os.path.join(where, "pids")
+        script = (
+            'echo $$ >> "$1"\n'
+            'sh -c \'echo $$ >> "$1"; sleep 60 & echo $! >> "$1"; wait\' sh "$1" &\n'
+            '"$2" -c \'import os, sys, time; os.setsid(); '
+            'open(sys.argv[1], "a").write("%d\\n" % os.getpid()); time.sleep(60)\' "$1" &\n'
+            "wait\n"
+        )
+        p = Popen(
+            ["/bin/sh", "-c", script, "sh", pids, sys.executable], limits=Limits(wall_time=60)
+        )
+        seen = procs = 0
+        deadline = time.monotonic() + 5
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    with open(pids) as f:
+                        seen = len(f.read().split())
+                except FileNotFoundError:
+                    seen = 0
+                procs = _core.tree_sample(p.pid)[2]
+                if seen >= 4 and procs >= 4:
+                    break
+                time.sleep(0.02)
+        finally:
+            p.kill_tree(grace=0)
+            p.wait(5)
+        with open(pids) as f:
+            members = [int(x) for x in f.read().split()]
+    left = [pid for pid in members if _running(pid)]
+    if procs < 4 or left:
+        return Check(
+            "process_tree",
+            UNAVAILABLE,
+            f"a tree of 4 processes (one in its own session): {procs} seen, "
+            f"{len(left)} left running after kill_tree",
+            "report this: the memory and pids watchdogs depend on the tree walk",
+        )
+    return Check("process_tree", OK, "3 levels seen, a setsid() child included; all ended")
+
+
+def _running(pid: int) -> bool:
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        if _LINUX:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                        return False
+            except FileNotFoundError:
+                return False
+        time.sleep(0.02)
+    return True
 
 
 def _check_darwin_limits() -> Check:  # pragma: no cover - macOS only
     return Check(
         "isolation",
         UNAVAILABLE,
-        "macOS has no cgroups, network or PID namespaces; cpu rate and pids cannot be held",
+        "macOS has no cgroups, network or PID namespaces: memory, pids and cpu_time are held "
+        "by the tree watchdog (sampled), cpu rate cannot be held, and a sandbox outlives a "
+        "caller that is killed",
         "use a Linux VM for strict isolation",
     )
 

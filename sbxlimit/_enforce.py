@@ -26,6 +26,7 @@ from ._errors import ConfigError
 from ._limits import Limits
 from ._policy import CAPABILITIES, Policy
 from ._protected import MAX_DEPTH
+from ._seatbelt import HELPER as SEATBELT_HELPER
 
 __all__ = ["UNENFORCED", "Plan", "can_raise_hard_limits", "plan", "warn_downgrades"]
 
@@ -33,7 +34,6 @@ UNENFORCED = "unenforced: "
 _NOT_DUMPABLE = "execve resets PR_SET_DUMPABLE, and there is no seccomp on this platform"
 LINUX = sys.platform.startswith("linux")
 DARWIN = sys.platform == "darwin"
-SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 _INF = resource.RLIM_INFINITY
 
 
@@ -218,6 +218,13 @@ def _plan(
             _rlimit(p, "cpu_time", resource.RLIMIT_CPU, soft, soft + 1, mech, privileged)
             if not whole:
                 p.enforced["cpu_time"] += " (per process: no cgroup and no tree watchdog here)"
+            elif DARWIN:
+                # XNU sends one SIGXCPU at the soft limit and never acts on
+                # the hard one: only the watchdog stops a program that
+                # ignores it.
+                p.enforced["cpu_time"] += (
+                    " (the watchdog ends the tree; RLIMIT_CPU only sends SIGXCPU on macOS)"
+                )
         if limits.file_size is not None:
             n = limits.file_size
             _rlimit(p, "file_size", resource.RLIMIT_FSIZE, n, n, "rlimit:RLIMIT_FSIZE", privileged)
@@ -241,6 +248,17 @@ def _plan(
                 p.enforced["memory"] = "cgroup1:memory.limit_in_bytes"
             if "memory" not in limits.tolerate:
                 ends.append(("memory", n, p.enforced["memory"]))
+        elif limits.memory is not None and DARWIN:
+            # No rlimit: since macOS 12 setrlimit(RLIMIT_DATA) fails below
+            # the address map's size (hundreds of GiB on arm64), which a
+            # child copied from the caller already has.  The watchdog sums
+            # phys_footprint, what macOS itself charges a process.
+            p.fallbacks["memory"] = "no cgroups on macOS"
+            p.watch_memory = limits.memory
+            p.enforced["memory"] = (
+                "watchdog:memory (phys_footprint of every process of the tree, sampled: "
+                "a fast allocator can overshoot between samples; the whole tree is ended)"
+            )
         elif limits.memory is not None:
             # RLIMIT_DATA, not RLIMIT_AS: runtimes that reserve large
             # PROT_NONE ranges (V8, the JVM, Go) break under an AS cap.
@@ -252,7 +270,14 @@ def _plan(
                 p.watch_memory = n
             else:
                 p.enforced["memory"] += " (per process; no tree watchdog on this platform)"
-        if limits.address_space is not None:
+        if limits.address_space is not None and DARWIN:
+            _downgrade(
+                p,
+                "address_space",
+                "macOS 12+ refuses an RLIMIT_AS below the size of the address map, which "
+                "starts at hundreds of GiB on arm64: it cannot cap a program; use memory",
+            )
+        elif limits.address_space is not None:
             n = limits.address_space
             _rlimit(p, "address_space", resource.RLIMIT_AS, n, n, "rlimit:RLIMIT_AS", privileged)
         if limits.pids is not None and site.has("pids"):
@@ -318,6 +343,13 @@ def _plan(
         _plan_policy(p, policy, uid, no_reaper)
     elif LINUX:
         _plan_containment(p, no_reaper, uid, auto=True)
+    if DARWIN:
+        # Said, not refused by strict: nobody asked for it, and no macOS
+        # sandbox could run under strict=True otherwise.
+        p.enforced["die_with_parent"] = (
+            UNENFORCED + "macOS has no parent-death signal: a sandbox outlives a caller that "
+            "is killed; end it with kill_tree(), a with block or wall_time"
+        )
     if (
         limits is not None
         and limits.pids is not None
@@ -395,8 +427,17 @@ def _no_cgroup(site: Site, controller: str) -> str:
 
 def _plan_pids(p: Plan, pids: int, *, uid: int, tree: bool, privileged: bool) -> None:
     if not LINUX:
-        # Per user on macOS and known to misbehave there: not used.
-        _downgrade(p, "pids", "RLIMIT_NPROC is per user on this platform and there is no cgroup")
+        # RLIMIT_NPROC is per user on macOS and known to misbehave: not used.
+        if tree:
+            p.watch_pids = pids
+            p.enforced["pids"] = (
+                "watchdog:pids (RLIMIT_NPROC is per user here; a fast fork loop can overshoot "
+                "between samples; the whole tree is ended)"
+            )
+        else:
+            _downgrade(
+                p, "pids", "RLIMIT_NPROC is per user on this platform and there is no cgroup"
+            )
         return
     if uid == 0:
         # The kernel does not apply RLIMIT_NPROC to root (or CAP_SYS_RESOURCE).
@@ -497,6 +538,14 @@ def _plan_policy(p: Plan, policy: Policy, uid: int, no_reaper: str) -> None:
     if LINUX:
         _plan_caps(p, policy, uid)
         _plan_processes(p, policy)
+        # Said, not refused by strict (no Linux sandbox could run under
+        # strict=True otherwise): Landlock ABI 9 (Linux 7.1) is the first
+        # rule for a connect by path.
+        p.enforced["unix_sockets"] = UNENFORCED + (
+            "Linux has no rule for connecting to a Unix socket by its path before Landlock "
+            "ABI 9 (Linux 7.1): a socket the program's user may open (the Docker socket, "
+            "ssh-agent) is reachable; deny_read removes one from the sandbox's view"
+        )
     _plan_terminal(p, policy)
 
 
@@ -618,7 +667,14 @@ def _plan_processes(p: Plan, policy: Policy) -> None:
 
 
 def _plan_terminal(p: Plan, policy: Policy) -> None:
-    filt = " (TIOCSTI and TIOCLINUX refused by seccomp)" if p.seccomp else ""
+    filt = ""
+    if p.seccomp:
+        filt = " (TIOCSTI and TIOCLINUX refused by seccomp)"
+    elif p.seatbelt:
+        filt = (
+            " (TIOCSTI refused by the Seatbelt profile; no terminal of the user's but those on "
+            "its stdio)"
+        )
     if policy.terminal:
         p.enforced["terminal"] = f"shared: Policy(terminal=True){filt}"
         return
@@ -782,6 +838,9 @@ def _userns_blocked() -> str:
     return f"unprivileged user namespaces are disabled: sysctl {knobs}{extra}"
 
 
+_SEATBELT = "seatbelt:sandbox_init"
+
+
 def _plan_seatbelt(p: Plan, policy: Policy) -> None:
     """macOS: one Seatbelt profile holds files, dotfiles and network; it
     always limits writes (workspace, temp dirs, writable_roots)."""
@@ -792,15 +851,25 @@ def _plan_seatbelt(p: Plan, policy: Policy) -> None:
         asked.append("protect_dotfiles")
     if policy.network != "allow":
         asked.append("network")
-    if not os.access(SANDBOX_EXEC, os.X_OK):
+    if not os.access(SEATBELT_HELPER, os.X_OK):
         for field in asked or ["files"]:
-            _downgrade(p, field, f"{SANDBOX_EXEC} is missing")
+            _downgrade(
+                p, field, f"{SEATBELT_HELPER} is missing (sbxlimit was installed without it)"
+            )
         return
     p.seatbelt = True
-    p.enforced["files"] = "seatbelt:sandbox-exec (writes: workspace, temp dirs, writable_roots)"
+    p.enforced["files"] = (
+        f"{_SEATBELT} (writes: its workspace, writable_roots; other sandboxes' workspaces "
+        "neither read nor written)"
+    )
     for field in asked:
         if field != "files":
-            p.enforced[field] = "seatbelt:sandbox-exec"
+            p.enforced[field] = _SEATBELT
+    sockets = ", ".join(policy.unix_sockets) if policy.unix_sockets else "none"
+    p.enforced["unix_sockets"] = (
+        f"{_SEATBELT} (connects only to its workspace's sockets, the system's logging and "
+        f"name-resolution sockets and unix_sockets: {sockets})"
+    )
 
 
 _CAP_SYS_RESOURCE = 24

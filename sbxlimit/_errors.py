@@ -91,6 +91,10 @@ _STEP_HINTS = {
     "'/' read-only); it needs Linux 5.12, and SBXLIMIT_NAMESPACES=0 runs without it.",
     "caps:drop": "dropping capabilities failed; the bounding set and securebits need "
     "CAP_SETPCAP, which sbxlimit asks for only where the caller has it.",
+    "seatbelt:apply": "macOS refused the sandbox's Seatbelt profile: the caller may already "
+    "run under a sandbox (macOS applies one per process; EPERM), or this macOS does not know "
+    "one of its rules; `sbxlimit doctor` tries the profile.",
+    "seatbelt:profile": "the Seatbelt helper could not read the profile sbxlimit wrote for it.",
 }
 
 
@@ -119,8 +123,16 @@ class SandboxSetupError(Error, OSError):
 
     step: str
     detail: int
+    reason: str | None  # what the failing call said beyond errno (libsandbox's message)
 
-    def __init__(self, step: str, errno_: int, detail: int = 0, filename: Any = None) -> None:
+    def __init__(
+        self,
+        step: str,
+        errno_: int,
+        detail: int = 0,
+        filename: Any = None,
+        reason: str | None = None,
+    ) -> None:
         strerror = os.strerror(errno_) if errno_ else "failed"
         if filename is None:
             OSError.__init__(self, errno_, strerror)
@@ -128,17 +140,19 @@ class SandboxSetupError(Error, OSError):
             OSError.__init__(self, errno_, strerror, filename)
         self.step = step
         self.detail = detail
+        self.reason = reason
 
     def __str__(self) -> str:
         where = f" ({self.filename!r})" if self.filename is not None else ""
+        said = f": {self.reason}" if self.reason else ""
         return (
             f"sandbox setup failed at step {self.step!r} (detail {self.detail}): "
-            f"[Errno {self.errno}] {self.strerror}{where}. "
+            f"[Errno {self.errno}] {self.strerror}{where}{said}. "
             f"Hint: {_hint_for(self.step, self.errno or 0)}"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        args = (self.step, self.errno, self.detail, self.filename)
+        args = (self.step, self.errno, self.detail, self.filename, self.reason)
         if type(self) in _combined.values():
             # The errno-mixed subclasses are made at run time: rebuild by errno.
             return (setup_error, args)
@@ -149,7 +163,7 @@ _combined: dict[type[OSError], type[SandboxSetupError]] = {}
 
 
 def setup_error(
-    step: str, errno_: int | None, detail: int = 0, filename: Any = None
+    step: str, errno_: int | None, detail: int = 0, filename: Any = None, reason: str | None = None
 ) -> SandboxSetupError:
     """A SandboxSetupError that is also the OSError subclass for `errno_`
     (PermissionError for EPERM...), so `except PermissionError` still works."""
@@ -163,7 +177,7 @@ def setup_error(
             found.__module__ = "sbxlimit"
             _combined[base] = found
         cls = found
-    return cls(step, err, detail, filename)
+    return cls(step, err, detail, filename, reason)
 
 
 class LimitExceeded(Error, subprocess.CalledProcessError):

@@ -15,13 +15,29 @@ from typing import Any, Literal
 from ._errors import ConfigError
 from ._limits import coerce_fields
 
-__all__ = ["CAPABILITIES", "DOTFILES", "Policy"]
+__all__ = ["CAPABILITIES", "DOTFILES", "DOTFILES_DARWIN", "Policy"]
 
 NetworkMode = Literal["allow", "deny", "proxy"]
 
-# Written by protect_dotfiles=True, relative to $HOME (".git/hooks" is
-# relative to the workspace and writable roots too).
-DOTFILES = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig", ".ssh")
+# Protected by protect_dotfiles=True, relative to $HOME: what shells (login
+# or not, bash and zsh) and git run code from later, outside the sandbox.
+# (".git/hooks" and ".git/config" are protected in the repositories under
+# the workspace and writable roots too.)
+DOTFILES = (
+    ".bash_login",
+    ".bash_profile",
+    ".bashrc",
+    ".profile",
+    ".zlogin",
+    ".zprofile",
+    ".zshenv",
+    ".zshrc",
+    ".gitconfig",
+    ".config/git/config",
+    ".ssh",
+)
+# macOS also starts at login what ~/Library/LaunchAgents names.
+DOTFILES_DARWIN = ("Library/LaunchAgents",)
 
 # Linux capabilities by number (linux/capability.h), for Policy.capabilities.
 CAPABILITIES = (
@@ -135,6 +151,12 @@ class Policy:
             rules), or ``"proxy"`` (only TCP connects to ``proxy_ports``;
             proxy environment variables set).
         proxy_ports: loopback TCP ports reachable with ``network="proxy"``.
+        unix_sockets: absolute paths of Unix-domain sockets the program may
+            connect to (macOS: besides the system's logging and
+            name-resolution sockets, every other one is refused, whatever
+            ``network`` says: the Docker socket, ssh-agent, tmux run code
+            outside the sandbox).  On Linux, sockets are file rules'
+            business: ``deny_read`` removes one from the sandbox's view.
         env: ``"sanitize"`` drops ``LD_*`` and ``DYLD_*``; a list of names
             keeps only those variables.
         drop_secrets: also drop variables whose name contains ``KEY``,
@@ -172,6 +194,7 @@ class Policy:
     protect_dotfiles: bool = True
     network: NetworkMode = "allow"
     proxy_ports: tuple[int, ...] = ()
+    unix_sockets: tuple[str, ...] = ()
     env: Literal["sanitize"] | tuple[str, ...] = "sanitize"
     drop_secrets: bool = False
     harden: bool = True
@@ -191,6 +214,7 @@ class Policy:
         protect_dotfiles: bool = True,
         network: NetworkMode = "allow",
         proxy_ports: Iterable[int] = (),
+        unix_sockets: Iterable[PathArg] = (),
         env: Literal["sanitize"] | Iterable[str] = "sanitize",
         drop_secrets: bool = False,
         harden: bool = True,
@@ -211,6 +235,7 @@ class Policy:
             ("protect_dotfiles", protect_dotfiles),
             ("network", network),
             ("proxy_ports", proxy_ports),
+            ("unix_sockets", unix_sockets),
             ("env", env),
             ("drop_secrets", drop_secrets),
             ("harden", harden),
@@ -223,7 +248,7 @@ class Policy:
 
         if self.workdir is not None:
             put("workdir", _path("Policy.workdir", self.workdir))
-        for name in ("writable_roots", "deny_read", "deny_write"):
+        for name in ("writable_roots", "deny_read", "deny_write", "unix_sockets"):
             put(name, _paths(f"Policy.{name}", getattr(self, name)))
         for name in (
             "keep_workdir",
@@ -287,34 +312,50 @@ class Policy:
         *,
         workspace: str | None = None,
         home: str | None = None,
-        tmpdir: str | None = None,
+        ttys: Iterable[str] = (),
+        workspaces_root: str | None = None,
+        protected: Iterable[str] | None = None,
     ) -> str:
         """The macOS Seatbelt (SBPL) profile this policy becomes, on any OS
         (a preview: docs/seatbelt.md).
 
         `workspace` defaults to ``workdir``; `home` (for dotfile protection)
-        to ``~``; `tmpdir` to ``$TMPDIR``.  Paths are canonicalised as macOS
-        sees them (symlinks resolved, ``/tmp`` → ``/private/tmp``).  Raises
+        to ``~``; `ttys`: the terminal devices on the sandbox's stdio;
+        `workspaces_root`: where private workspaces are made (the temp
+        dir); `protected`: what ``protect_dotfiles`` protects besides every
+        ``.git/hooks`` and ``.git/config`` (default: HOME's dotfiles, as
+        links and as their targets, and the git directories found under the
+        writable roots).  Paths are canonicalised as macOS sees them
+        (symlinks resolved, ``/tmp`` → ``/private/tmp``).  Raises
         ConfigError for a path a profile cannot hold (control characters).
         """
-        from . import _core
+        import tempfile
+
+        from . import _core, _protected
 
         canon = _core.seatbelt_canonical
         ws = workspace if workspace is not None else self.workdir
-        home = home if home is not None else os.path.expanduser("~")
-        tmp = tmpdir if tmpdir is not None else os.environ.get("TMPDIR")
+        if protected is None and self.protect_dotfiles:
+            home = home if home is not None else os.path.expanduser("~")
+            roots = [ws] if ws else []
+            protected = _protected.protected(
+                home, [*roots, *self.writable_roots], darwin=True
+            ).paths
+        root = workspaces_root if workspaces_root is not None else tempfile.gettempdir()
         network = {"allow": 0, "deny": 1, "proxy": 2}[self.network]
         try:
             return _core.seatbelt_profile(
-                canon(ws) if ws else None,
-                [canon(tmp)] if tmp else [],
-                [canon(p) for p in self.writable_roots],
-                [canon(p) for p in self.deny_read],
-                [canon(p) for p in self.deny_write],
-                self.protect_dotfiles,
-                canon(home) if os.path.isabs(home) else None,
-                network,
-                list(self.proxy_ports),
+                workspace=canon(ws) if ws else None,
+                workspaces_root=canon(root),
+                writable_roots=[canon(p) for p in self.writable_roots],
+                deny_read=[canon(p) for p in self.deny_read],
+                deny_write=[canon(p) for p in self.deny_write],
+                protect_dotfiles=self.protect_dotfiles,
+                protected_paths=[_canonical_link(canon, p) for p in protected or ()],
+                ttys=[canon(t) for t in ttys],
+                unix_sockets=[canon(p) for p in self.unix_sockets],
+                network=network,
+                proxy_ports=list(self.proxy_ports),
             )
         except ValueError as e:
             raise ConfigError("Policy", str(e), "cannot be expressed in a Seatbelt profile") from e
@@ -337,3 +378,12 @@ class Policy:
         if self.drop_secrets:
             out = {k: v for k, v in out.items() if not _SECRET.search(name(k))}
         return out
+
+
+def _canonical_link(canon: Any, path: str) -> str:
+    """`path` as Seatbelt names it, but a symbolic link stays itself (its
+    directory resolved): a rule on the link refuses replacing it, a rule on
+    its target (listed too) writing through it."""
+    if os.path.islink(path):
+        return os.path.join(canon(os.path.dirname(path)), os.path.basename(path))
+    return str(canon(path))

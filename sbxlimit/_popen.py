@@ -24,16 +24,16 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
-from . import _core, _landlock, _namespaces, _protected, _workspace, audit
+from . import _core, _landlock, _namespaces, _protected, _seatbelt, _workspace, audit
 from . import _spawn as _spawn_mod
 from ._cgroup import Cgroup, CgroupStats, discover, warn_explicit_site
-from ._enforce import CLONE_NEWPID, SANDBOX_EXEC, Plan, plan, warn_downgrades
+from ._enforce import CLONE_NEWPID, Plan, plan, warn_downgrades
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._limits import Limits
 from ._monitor import Pump, Watch, get_monitor, signal_tree
 from ._policy import Policy
 from ._quota import Quota
-from ._seatbelt import profile_file_name, proxy_env, seatbelt_exec
+from ._seatbelt import Belt, proxy_env, terminal_devices
 from ._spawn import child_error, resolve_executable
 from ._termination import Outcome, Termination, Usage, program_name
 from ._units import parse_seconds
@@ -124,7 +124,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     _sbx_cgstats: CgroupStats | None = None
     _sbx_how = 0  # _core.HOW_* bits of the clone that made the child
     _sbx_target: Callable[[], Any] | None = None  # see sbxlimit._forked
-    _sbx_profile_file: str | None = None  # macOS: a profile too large for argv
+    _sbx_belt: Belt | None = None  # macOS: the profile on its way in
     _sbx_audit_key: str | None = None
     _sbx_program = "the program"  # program_name(), set when the child is made
     _sbx_protected: tuple[str, ...] = ()  # what protect_dotfiles protects (_protected)
@@ -188,6 +188,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if die_with_parent is not None:
             if not isinstance(die_with_parent, bool):
                 raise ConfigError("die_with_parent", die_with_parent, "expected a bool or None")
+            if die_with_parent and not _LINUX:
+                raise ConfigError(
+                    "die_with_parent",
+                    True,
+                    "only Linux has a parent-death signal; end the sandbox with kill_tree(), a "
+                    "with block or wall_time",
+                )
             self._sbx_die_with_parent = die_with_parent
         if quota is not None:
             if not isinstance(quota, Quota):
@@ -240,27 +247,39 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if p.downgrades:
             warn_downgrades(p)
         pol = self.policy
-        if pol is not None and pol.protect_dotfiles and (p.landlock or p.ro_view):
+        if pol is not None and pol.protect_dotfiles and (p.landlock or p.ro_view or p.seatbelt):
             # The private workspace is new and empty: the roots to search
             # are the caller's.
             roots = [pol.workdir] if pol.workdir else []
-            found = _protected.protected(os.path.expanduser("~"), [*roots, *pol.writable_roots])
+            home = os.path.expanduser("~")
+            found = _protected.protected(home, [*roots, *pol.writable_roots], darwin=p.seatbelt)
             self._sbx_protected = found.paths
             notes = []
             if not found.complete:
                 # The protection is bounded by definition (SPEC 3): say
                 # where this search stopped.
+                unreached = (
+                    # The profile's rule covers every .git/hooks and .git/config.
+                    "git directories that a .git file names, in repositories it did not reach"
+                    if p.seatbelt
+                    else "repositories it did not reach"
+                )
                 notes.append(
                     f"this search stopped after {_protected.MAX_DIRS} directories: "
-                    "repositories it did not reach are not protected"
+                    f"{unreached} are not protected"
                 )
-            missing = _protected.missing_dotfiles(os.path.expanduser("~"), pol.writable_roots)
+            # Nothing can be bound over a name that does not exist (Seatbelt
+            # rules name paths: it refuses those too).
+            missing = [] if p.seatbelt else _protected.missing_dotfiles(home, pol.writable_roots)
             if missing:
-                # Nothing can be bound over a name that does not exist.
                 notes.append(f"not there, so a new one can be made: {', '.join(missing)}")
+            links = _protected.replaceable_links(home, pol.writable_roots) if p.ro_view else []
+            if links:
+                notes.append(f"a link to a directory, so it can be replaced: {', '.join(links)}")
             if notes:
-                held = p.enforced["protect_dotfiles"]
-                self._sbx_enforced = {"protect_dotfiles": f"{held[:-1]}; {'; '.join(notes)})"}
+                held, said = p.enforced["protect_dotfiles"], "; ".join(notes)
+                held = f"{held[:-1]}; {said})" if held.endswith(")") else f"{held} ({said})"
+                self._sbx_enforced = {"protect_dotfiles": held}
 
     @property
     def program(self) -> str:
@@ -366,15 +385,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     child_decides=(cwd is not None or uid is not None or gid is not None),
                 )
 
-            if p.seatbelt and exec_paths is not None:
-                assert self.policy is not None
-                exec_paths, args, self._sbx_profile_file = seatbelt_exec(
-                    self.policy,
-                    exec_paths,
-                    args,
-                    sandbox_exec=SANDBOX_EXEC,
-                    file_name=profile_file_name(self.sandbox_id),
-                )
+            if p.seatbelt:
+                belt = self._sbx_belt = self._sbx_seatbelt((p2cread, c2pwrite, errwrite))
+                if exec_paths is not None:
+                    exec_paths, args, belt_fds = belt.exec_through(
+                        _seatbelt.HELPER, exec_paths, args
+                    )
+                    pass_fds = (*pass_fds, *belt_fds)
 
             # What subprocess's _close_pipe_fds would close; the core closes them
             # right after the child is made, on every path.
@@ -507,24 +524,29 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                     os.close(self._sbx_status_fd)
                     self._sbx_status_fd = -1
                 self._sbx_release_cgroup()
-                self._sbx_remove_profile()
+                self._sbx_close_belt()
                 raise
             if ns is not None:
                 if failure is None and pid != 0:
                     got = ns.receive_fd()  # may be 0: the caller may have closed stdin
                     self._sbx_ws_fd = -1 if got is None else got
                 ns.close()
+            reason = None
+            if failure is None and self._sbx_belt is not None and pid != 0:
+                failure, reason = self._sbx_belt_started(pid)
             if failure is not None:
                 for pump in pumps:
                     pump.discard()
                 self._sbx_release_cgroup()
-                self._sbx_remove_profile()
+                self._sbx_close_belt()
                 step, err_no, detail, status = failure
                 if self._sbx_status_fd >= 0:
                     os.close(self._sbx_status_fd)
                     self._sbx_status_fd = -1
                 self.returncode = os.waitstatus_to_exitcode(status) if status else 0
-                raise child_error(step, err_no, detail, executable=executable, cwd=cwd)
+                raise child_error(
+                    step, err_no, detail, executable=executable, cwd=cwd, reason=reason
+                )
 
             if pid == 0:  # only with a target: we are the forked child
                 self._sbx_run_target(
@@ -552,6 +574,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         except BaseException:
             if ns is not None:
                 ns.close()  # idempotent: the sockets of a spawn that did not happen
+            self._sbx_close_belt()
             if self._sbx_workspace is not None:
                 _workspace.remove(self._sbx_workspace)
                 self._sbx_workspace = None
@@ -566,6 +589,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         (sys.stdout may be something else, e.g. a test runner's capture)."""
         code = 1
         try:
+            # Other spawns' report pipes, copied by this fork: theirs to close.
+            _seatbelt.close_others(self._sbx_belt)
+            if self._sbx_belt is not None:  # macOS: the body runs under the profile, or not at all
+                self._sbx_belt.apply_here()
             for fd in parent_ends:
                 if fd > 2:
                     os.close(fd)
@@ -770,8 +797,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 self._sbx_end = _monotonic()
             if self._sbx_cgroup is not None:
                 self._sbx_release_cgroup()
-            if self._sbx_profile_file is not None:
-                self._sbx_remove_profile()
             if self._sbx_plan.active:  # the reap of a plain Popen stays as it was
                 if self._sbx_ws_fd >= 0:
                     self._sbx_disk, self._sbx_disk_full = _workspace.tmpfs_usage(self._sbx_ws_fd)
@@ -832,13 +857,35 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if admission is not None:
             admission.release()
 
-    def _sbx_remove_profile(self) -> None:
-        path, self._sbx_profile_file = self._sbx_profile_file, None
-        if path is not None:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+    def _sbx_seatbelt(self, stdio: tuple[int, int, int]) -> Belt:
+        """The profile of this sandbox: its workspace named, the protected
+        paths found for it, and the terminals on its stdio."""
+        policy = self.policy
+        assert policy is not None
+        fds = [fd if fd != -1 else i for i, fd in enumerate(stdio)]
+        profile = policy.seatbelt_profile(
+            workspace=self._sbx_workspace or policy.workdir,
+            ttys=terminal_devices(fds),
+            protected=self._sbx_protected,
+        )
+        return Belt(profile)
+
+    def _sbx_belt_started(self, pid: int) -> tuple[tuple[str, int, int, int] | None, str | None]:
+        """Wait until the profile is in force; a refusal becomes the spawn's
+        failure, with libsandbox's message (the child exits, reaped here)."""
+        assert self._sbx_belt is not None
+        got = self._sbx_belt.started()
+        self._sbx_belt = None
+        if got is None:
+            return None, None
+        step, err, message = got
+        _, status = os.waitpid(pid, 0)
+        return (step, err, 0, status), message or None
+
+    def _sbx_close_belt(self) -> None:
+        belt, self._sbx_belt = self._sbx_belt, None
+        if belt is not None:
+            belt.close()
 
     def _sbx_release_cgroup(self) -> None:
         """The leader is gone: keep the cgroup's final figures, then remove

@@ -22,13 +22,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable
 
-from ._policy import DOTFILES
+from ._policy import DOTFILES, DOTFILES_DARWIN
 
-__all__ = ["MAX_DEPTH", "MAX_DIRS", "TTL", "Found", "missing_dotfiles", "protected", "within"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_DIRS",
+    "TTL",
+    "Found",
+    "dotfiles",
+    "missing_dotfiles",
+    "protected",
+    "replaceable_links",
+    "within",
+]
+
+DARWIN = sys.platform == "darwin"
 
 MAX_DEPTH = 4
 MAX_DIRS = 2000
@@ -57,7 +70,10 @@ _PSEUDO = frozenset({"/proc", "/sys", "/dev", "/run"})  # never a repository
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Found:
-    paths: tuple[str, ...]  # protected paths (absolute, resolved)
+    # Protected paths (absolute, resolved), and each symbolic link on the
+    # way to one of HOME's dotfiles as itself (its directory resolved):
+    # the link is protected from being replaced, its target from writes.
+    paths: tuple[str, ...]
     complete: bool = True  # False: the search stopped at its bound
 
 
@@ -124,19 +140,20 @@ def _search(root: str, budget: list[int]) -> tuple[list[str], bool]:
 # roots is reused for this long.  A repository made meanwhile is found by
 # the next search.
 TTL = 1.0
-_cache: dict[tuple[str | None, tuple[str, ...]], tuple[float, Found]] = {}
+_cache: dict[tuple[str | None, tuple[str, ...], bool], tuple[float, Found]] = {}
 _lock = threading.Lock()
 
 
-def protected(home: str | None, roots: Iterable[str]) -> Found:
-    """The protected paths for writable `roots` and `home`."""
-    key = (home, tuple(roots))
+def protected(home: str | None, roots: Iterable[str], *, darwin: bool = DARWIN) -> Found:
+    """The protected paths for writable `roots` and `home` (`darwin`: with
+    macOS's own, for a Seatbelt profile)."""
+    key = (home, tuple(roots), darwin)
     now = time.monotonic()
     with _lock:
         hit = _cache.get(key)
     if hit is not None and now - hit[0] < TTL:
         return hit[1]
-    found = _protected(home, key[1])
+    found = _protected(home, key[1], darwin)
     with _lock:
         if len(_cache) > 64:
             _cache.clear()
@@ -144,15 +161,38 @@ def protected(home: str | None, roots: Iterable[str]) -> Found:
     return found
 
 
-def _protected(home: str | None, roots: tuple[str, ...]) -> Found:
-    out = [os.path.join(home, n) for n in DOTFILES] if home else []
+def dotfiles(home: str, *, darwin: bool = DARWIN) -> list[str]:
+    """HOME's protected dotfiles (existing or not)."""
+    return [os.path.join(home, n) for n in DOTFILES + (DOTFILES_DARWIN if darwin else ())]
+
+
+def _links(home: str, path: str) -> list[str]:
+    """The symbolic links on the way from `home` to `path` (`path`
+    included), each as itself with its directory resolved."""
+    out = []
+    cur = home
+    for part in os.path.relpath(path, home).split("/"):
+        cur = os.path.join(cur, part)
+        if os.path.islink(cur):
+            out.append(os.path.join(os.path.realpath(os.path.dirname(cur)), part))
+    return out
+
+
+def _protected(home: str | None, roots: tuple[str, ...], darwin: bool) -> Found:
+    out: list[str] = []
+    links: list[str] = []
+    if home:
+        for path in dotfiles(home, darwin=darwin):
+            out.append(path)
+            links += _links(home, path)
     budget = [MAX_DIRS]
     complete = True
     for root in roots:
         found, done = _search(root, budget)
         out += found
         complete = complete and done
-    return Found(tuple(dict.fromkeys(os.path.realpath(p) for p in out)), complete)
+    paths = [os.path.realpath(p) for p in out] + links
+    return Found(tuple(dict.fromkeys(paths)), complete)
 
 
 def missing_dotfiles(home: str, roots: Iterable[str]) -> list[str]:
@@ -162,7 +202,22 @@ def missing_dotfiles(home: str, roots: Iterable[str]) -> list[str]:
     home = os.path.realpath(home)
     if not any(within(home, os.path.realpath(r)) for r in roots):
         return []
-    return [f"~/{n}" for n in DOTFILES if not os.path.lexists(os.path.join(home, n))]
+    return ["~/" + os.path.relpath(p, home) for p in dotfiles(home) if not os.path.lexists(p)]
+
+
+def replaceable_links(home: str, roots: Iterable[str]) -> list[str]:
+    """HOME's protected dotfiles reached through a link to a directory (or
+    to nothing) while HOME lies in a writable root: a bind mount can cover a
+    link to a file, not these, so the program could replace the link."""
+    real = os.path.realpath(home)
+    if not any(within(real, os.path.realpath(r)) for r in roots):
+        return []
+    out = []
+    for path in dotfiles(home):
+        for link in _links(home, path):
+            if not os.path.isfile(link) and link not in out:
+                out.append(link)
+    return ["~/" + os.path.relpath(p, real) for p in out]
 
 
 def within(path: str, root: str) -> bool:

@@ -1,56 +1,150 @@
-"""macOS: run the target under ``sandbox-exec`` with the policy's profile.
+"""macOS: put a sandbox under its policy's Seatbelt profile.
 
 The profile is built by the C builder (csrc/darwin/seatbelt.c, through
-``Policy.seatbelt_profile``); this module only rewrites the exec: argv
-becomes ``sandbox-exec -p PROFILE -- TARGET ARGS...``, or ``-f FILE`` when
-the profile is too large to pass as an argument.  Pure list work in the
-parent, so it is tested on every OS.
+``Policy.seatbelt_profile``).  A program is exec'd through
+``sbxlimit/_seatbelt_exec`` (csrc/darwin/seatbelt_exec.c), which reads the
+profile from an unlinked file, applies it (sandbox_init) and execs the
+target; a forked callable applies it itself (``_core.seatbelt_apply``).
+Either way the parent learns of a refusal (a profile macOS rejects, a
+caller already under a sandbox) through a report pipe, never from an exit
+status it could take for the program's.  Nothing here is macOS-only code:
+the tests run the helper on Linux against a double of libsandbox.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
+from . import _core
 from ._policy import Policy
 
-__all__ = ["ARG_MAX_PROFILE", "profile_file_name", "proxy_env", "seatbelt_exec"]
+__all__ = ["HELPER", "Belt", "close_others", "proxy_env", "terminal_devices"]
 
-# macOS's ARG_MAX is 1 MiB for argv and environment together: a profile
-# beyond this goes through a file.
-ARG_MAX_PROFILE = 128 * 1024
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_seatbelt_exec")
+_EXIT_SETUP = 126  # what a child that reported a failure exits with
+# Report pipes' write ends open in this process: a forked callable closes
+# the ones of other spawns, whose parents wait for their EOF.
+_writers: set[int] = set()
 
 
-def seatbelt_exec(
-    policy: Policy,
-    exec_paths: Sequence[bytes],
-    args: Sequence[Any],
-    *,
-    sandbox_exec: str,
-    file_name: str,
-) -> tuple[tuple[bytes, ...], list[Any], str | None]:
-    """(exec_paths, argv, profile file or None) that run `args` under the
-    policy's profile.  `file_name` is where a large profile is written
-    (private, 0600); the caller removes it once the sandbox has ended."""
-    profile = policy.seatbelt_profile()
-    # The target as the parent resolved it: the first executable candidate
-    # (PATH order), else the name, for sandbox-exec's own search.
-    target: Any = next(
-        (c for c in exec_paths if os.path.isabs(c) and os.access(c, os.X_OK)), args[0]
-    )
-    path = None
-    if len(profile.encode()) > ARG_MAX_PROFILE:
-        fd = os.open(file_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(profile)
-        path = file_name
-        opts = ["-f", file_name]
-    else:
-        opts = ["-p", profile]
-    argv = ["sandbox-exec", *opts, "--", target, *args[1:]]
-    return (os.fsencode(sandbox_exec),), argv, path
+class Belt:
+    """One sandbox's profile on its way into the child: the text, the
+    report pipe, and for a program the unlinked file the helper reads."""
+
+    def __init__(self, profile: str) -> None:
+        self.profile = profile
+        self.report_r, self.report_w = os.pipe()  # close-on-exec in the parent
+        _writers.add(self.report_w)
+        self.profile_fd = -1
+
+    def exec_through(
+        self, helper: str, exec_paths: Sequence[bytes], args: Sequence[Any]
+    ) -> tuple[tuple[bytes, ...], list[Any], tuple[int, int]]:
+        """(exec_paths, argv, fds to pass) that run `args` through the helper."""
+        # The target as the parent resolved it (PATH order): the first
+        # executable candidate, else the name for the helper's own search.
+        target: Any = next(
+            (c for c in exec_paths if os.path.isabs(c) and os.access(c, os.X_OK)), exec_paths[0]
+        )
+        # Unlinked at once: no name another sandbox could open or swap.
+        fd, path = tempfile.mkstemp(prefix="sbxlimit-profile-")
+        self.profile_fd = fd
+        os.unlink(path)
+        data = self.profile.encode()
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        argv = ["sbxlimit-seatbelt", str(fd), str(self.report_w), target, *args]
+        return (os.fsencode(helper),), argv, (fd, self.report_w)
+
+    def started(self) -> tuple[str, int, str] | None:
+        """In the parent, once the child exists: wait until the profile is in
+        force (EOF), or return the failure (step, errno, message)."""
+        self._close("profile_fd")
+        self._close("report_w")
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(self.report_r, 4096)
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+        self.close()
+        if not chunks:
+            return None
+        step, _, rest = b"".join(chunks).partition(b"\0")
+        num, _, msg = rest.partition(b"\0")
+        try:
+            err = int(num)
+        except ValueError:
+            err = errno.EIO
+        return step.decode(errors="replace"), err, msg.decode(errors="replace")
+
+    def apply_here(self) -> None:
+        """In a forked child: apply the profile, or report and exit; the body
+        never runs unsandboxed."""
+        self._close("report_r")
+        apply = getattr(_core, "seatbelt_apply", None)  # the extension has it on macOS
+        try:
+            if apply is None:
+                raise OSError(errno.ENOSYS, "no sandbox_init on this platform")
+            apply(self.profile)
+        except Exception as e:
+            err = e.errno if isinstance(e, OSError) and e.errno else errno.EINVAL
+            said = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            _report_and_exit(
+                self.report_w, f"seatbelt:apply\0{err}\0{said}".encode(errors="replace")
+            )
+        self._close("report_w")
+
+    def close(self) -> None:
+        for name in ("report_r", "report_w", "profile_fd"):
+            self._close(name)
+
+    def _close(self, name: str) -> None:
+        fd = getattr(self, name)
+        if fd >= 0:
+            setattr(self, name, -1)
+            _writers.discard(fd)
+            os.close(fd)
+
+
+def close_others(mine: Belt | None) -> None:
+    """In a forked child: close the report pipes of other spawns."""
+    own = mine.report_w if mine is not None else -1
+    for fd in list(_writers):
+        if fd != own:
+            _writers.discard(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _report_and_exit(fd: int, record: bytes) -> NoReturn:
+    try:
+        os.write(fd, record[:1024])
+    finally:
+        os._exit(_EXIT_SETUP)
+
+
+def terminal_devices(fds: Sequence[int]) -> list[str]:
+    """The terminal devices among `fds` (the child's stdio): what a sandbox
+    that shares the caller's terminal may use."""
+    out = []
+    for fd in fds:
+        try:
+            if os.isatty(fd):
+                out.append(os.ttyname(fd))
+        except OSError:
+            pass
+    return sorted(set(out))
 
 
 def proxy_env(policy: Policy) -> dict[str, str]:
@@ -61,8 +155,3 @@ def proxy_env(policy: Policy) -> dict[str, str]:
     url = f"http://127.0.0.1:{policy.proxy_ports[0]}"
     names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
     return {**{n: url for n in names}, **{n.lower(): url for n in names}}
-
-
-def profile_file_name(sandbox_id: str) -> str:
-    """Named like workspaces (sbxlimit-<pid hex>-<n>-*) so gc finds leftovers."""
-    return os.path.join(tempfile.gettempdir(), f"sbxlimit-{sandbox_id}-profile.sb")

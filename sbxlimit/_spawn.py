@@ -96,8 +96,11 @@ def resolve_executable(
 _EFFECTIVE = os.access in os.supports_effective_ids
 
 
-def child_error(step: str, err: int, detail: int, *, executable: Any, cwd: Any) -> BaseException:
-    """The exception for a child that failed at `step` with `err`."""
+def child_error(
+    step: str, err: int, detail: int, *, executable: Any, cwd: Any, reason: str | None = None
+) -> BaseException:
+    """The exception for a child that failed at `step` with `err` (`reason`:
+    what the failing call said, where it says more than errno)."""
     message = os.strerror(err) if err else ""
     if step == "exec":
         return OSError(err, message, executable)
@@ -105,4 +108,4 @@ def child_error(step: str, err: int, detail: int, *, executable: Any, cwd: Any) 
         return OSError(err, message, cwd)
     if step == "preexec_fn":
         return subprocess.SubprocessError("Exception occurred in preexec_fn.")
-    return setup_error(step, err, detail)
+    return setup_error(step, err, detail, reason=reason)

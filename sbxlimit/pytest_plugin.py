@@ -161,7 +161,7 @@ def _from_text(name: str, text: str, source: str) -> Any:
         return None
     if name in _BOOL_FIELDS:
         return _bool(name, text, source)
-    if name in ("writable_roots", "deny_read", "deny_write"):
+    if name in ("writable_roots", "deny_read", "deny_write", "unix_sockets"):
         return tuple(p for p in text.split(",") if p)
     if name == "proxy_ports":
         try:

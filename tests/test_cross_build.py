@@ -30,12 +30,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _sources(platform: str = "darwin") -> list[str]:
+def _setup_py():
     spec = importlib.util.spec_from_file_location("_sbx_setup", os.path.join(ROOT, "setup.py"))
     assert spec is not None and spec.loader is not None
     setup_py = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(setup_py)  # not __main__: defines, does not build
-    return list(setup_py.sources(platform))
+    return setup_py
+
+
+def _sources(platform: str = "darwin") -> list[str]:
+    return list(_setup_py().sources(platform))
 
 
 def _zig(target: str, *args: str, cwd: str) -> None:
@@ -86,3 +90,15 @@ def test_linux_core_compiles_for_aarch64(tmp_path):
             obj,
             cwd=str(tmp_path),
         )
+
+
+@pytest.mark.parametrize("target", ["aarch64-macos", "x86_64-macos"])
+def test_the_seatbelt_helper_links_for_macos(target, tmp_path):
+    # sbxlimit/_seatbelt_exec, as setup.py builds it on a Mac: sandbox_init
+    # resolved against macOS's libSystem.
+    ((name, srcs, _link),) = _setup_py().helpers("darwin")
+    out = str(tmp_path / name)
+    inc = ["-I", os.path.join(ROOT, "csrc")]
+    _zig(target, *FLAGS, *inc, *(os.path.join(ROOT, s) for s in srcs), "-o", out, cwd=str(tmp_path))
+    with open(out, "rb") as f:
+        assert f.read(4) == b"\xcf\xfa\xed\xfe"  # Mach-O, 64-bit

@@ -192,3 +192,13 @@ def test_container_check_is_informational():
     c = report().check("container")
     assert c.status == "info"
     assert ("/.dockerenv" in c.reason) == os.path.exists("/.dockerenv")
+
+
+def test_the_process_tree_probe_sees_and_ends_three_levels(no_namespaces):
+    # doctor's macOS probe of the tree walk (a setsid() child included),
+    # run here against the Linux walk: the same contract.
+    from sbxlimit import _doctor
+
+    c = _doctor._check_process_tree()
+    assert c.status == "ok", c.reason
+    assert "setsid() child included" in c.reason

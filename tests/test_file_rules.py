@@ -242,7 +242,11 @@ def test_nothing_mounted_is_left_on_the_host(home):
 def test_dotfiles_that_do_not_exist_yet_are_named(home):
     r = sbxlimit.run(["true"], policy=Policy(writable_roots=[str(home)]))
     note = r.enforced["protect_dotfiles"]
-    assert "not there, so a new one can be made: ~/.bash_profile, ~/.zshrc" in note
+    missing = (
+        "~/.bash_login, ~/.bash_profile, ~/.profile, ~/.zlogin, ~/.zprofile, ~/.zshenv, "
+        "~/.zshrc, ~/.gitconfig, ~/.config/git/config"
+    )
+    assert f"not there, so a new one can be made: {missing}" in note
     assert "~/.bashrc" not in note and "~/.ssh" not in note
     r = sbxlimit.run(["true"], policy=Policy(writable_roots=[str(home / "proj")]))
     assert "not there" not in r.enforced["protect_dotfiles"]

@@ -2,12 +2,14 @@
  *
  * Parent side, before fork; plain C11 with no platform code, so it builds and
  * is unit-tested on every OS (tests/c/test_seatbelt.c) and cross-compiled for
- * macOS in the test suite.  The darwin spawn path runs the result as
- * `/usr/bin/sandbox-exec -p PROFILE -- target args`.
+ * macOS in the test suite.  The darwin spawn path applies the result with
+ * sandbox_init (darwin/seatbelt_apply.c), in the exec helper or in a forked
+ * child.
  *
  * SBPL evaluates the rules that match an operation and the LAST one wins, so
  * the profile is laid out broad to narrow: (deny default), the allows, then
- * every deny that cuts into an allow (deny_read, deny_write, dotfiles).
+ * every deny that cuts into an allow (other sandboxes' workspaces, deny_read,
+ * deny_write, dotfiles, Unix sockets, TIOCSTI last).
  *
  * Nothing here allocates: lists are emitted in sorted order by repeated
  * selection (n is small), and output goes through a writer that keeps
@@ -156,29 +158,38 @@ static void out_vpath(struct out *o, const struct vpath *v)
     out_s(o, "\"");
 }
 
-/* Up to two arrays of paths rendered as one sorted, de-duplicated list. */
+/* Up to three arrays of paths rendered as one sorted, de-duplicated list. */
+#define PSET_MAX 3
 struct pset {
-    const char *const *v[2];
-    size_t n[2];
+    const char *const *v[PSET_MAX];
+    size_t n[PSET_MAX];
 };
 
-/* Emit `comment` and then `(head (filter "p") ...)` with one filter per path
- * of the set, in sorted order, each once.  An empty set emits nothing: a
- * rule without filters would apply to every path. */
-static void out_rule(struct out *o, const char *comment, const char *head, const char *filter,
-                     const struct pset *set)
+static struct pset pset_of(const char *const *v0, size_t n0, const char *const *v1, size_t n1,
+                           const char *const *v2, size_t n2)
+{
+    struct pset set;
+
+    set.v[0] = v0;
+    set.n[0] = n0;
+    set.v[1] = v1;
+    set.n[1] = n1;
+    set.v[2] = v2;
+    set.n[2] = n2;
+    return set;
+}
+
+/* Emit one filter `(open"p"close)` per path of the set, each on its own
+ * line, in sorted order, each once. */
+static void out_filters(struct out *o, const char *open, const char *close, const struct pset *set)
 {
     struct vpath last, best;
     int have_last = 0, have_best;
     size_t k, i;
 
-    if (set->n[0] + set->n[1] == 0)
-        return;
-    out_s(o, comment);
-    out_s(o, head);
     for (;;) {
         have_best = 0;
-        for (k = 0; k < 2; k++) {
+        for (k = 0; k < PSET_MAX; k++) {
             for (i = 0; i < set->n[k]; i++) {
                 struct vpath x = vpath_of(set->v[k][i]);
 
@@ -191,15 +202,33 @@ static void out_rule(struct out *o, const char *comment, const char *head, const
             }
         }
         if (!have_best)
-            break;
+            return;
         out_s(o, "\n    (");
-        out_s(o, filter);
-        out_s(o, " ");
+        out_s(o, open);
         out_vpath(o, &best);
+        out_s(o, close);
         out_s(o, ")");
         last = best;
         have_last = 1;
     }
+}
+
+/* Emit `comment` and then `(head (open"p"close) ...)` over the set; open is
+ * e.g. "subpath " or "remote unix-socket (subpath " (close then ")").  An
+ * empty set emits nothing: a rule without filters would apply to every
+ * path. */
+static void out_rule(struct out *o, const char *comment, const char *head, const char *open,
+                     const char *close, const struct pset *set)
+{
+    size_t k, total = 0;
+
+    for (k = 0; k < PSET_MAX; k++)
+        total += set->n[k];
+    if (total == 0)
+        return;
+    out_s(o, comment);
+    out_s(o, head);
+    out_filters(o, open, close, set);
     out_s(o, ")\n");
 }
 
@@ -243,13 +272,14 @@ static int check_policy(const struct sbx_seatbelt_policy *p, const char **err)
     *err = NULL;
     if (p->workspace != NULL && (rc = check_path(p->workspace, err)) != 0)
         return rc;
-    if ((rc = check_paths(p->temp_dirs, p->n_temp_dirs, err)) != 0 ||
-        (rc = check_paths(p->writable_roots, p->n_writable_roots, err)) != 0 ||
-        (rc = check_paths(p->deny_read, p->n_deny_read, err)) != 0 ||
-        (rc = check_paths(p->deny_write, p->n_deny_write, err)) != 0)
+    if (p->workspaces_root != NULL && (rc = check_path(p->workspaces_root, err)) != 0)
         return rc;
-    if (p->protect_dotfiles && p->home != NULL && p->home[0] != '\0' &&
-        (rc = check_path(p->home, err)) != 0)
+    if ((rc = check_paths(p->writable_roots, p->n_writable_roots, err)) != 0 ||
+        (rc = check_paths(p->deny_read, p->n_deny_read, err)) != 0 ||
+        (rc = check_paths(p->deny_write, p->n_deny_write, err)) != 0 ||
+        (rc = check_paths(p->protected_paths, p->n_protected_paths, err)) != 0 ||
+        (rc = check_paths(p->ttys, p->n_ttys, err)) != 0 ||
+        (rc = check_paths(p->unix_sockets, p->n_unix_sockets, err)) != 0)
         return rc;
     switch (p->network) {
     case SBX_SEATBELT_NET_ALLOW:
@@ -268,7 +298,7 @@ static int check_policy(const struct sbx_seatbelt_policy *p, const char **err)
 
 /* ---- the profile ---------------------------------------------------------------- */
 
-/* Processes, system information, IPC and terminals: what an ordinary
+/* Processes, system information, IPC and devices: what an ordinary
  * command-line program (a shell, python, node, a compiler, git) needs, and
  * not more.  Each rule says why. */
 static const char profile_base[] =
@@ -286,19 +316,53 @@ static const char profile_base[] =
     "(allow signal (target same-sandbox))\n"
     "(allow process-info* (target same-sandbox))\n"
     "\n"
-    "; System information (CPU count, page size, OS version): read-only.\n"
-    "(allow sysctl-read)\n"
-    "; The JVM reads the CPU type through a sysctl the kernel counts as a write.\n"
-    "(allow sysctl-write (sysctl-name \"kern.grade_cputype\"))\n"
+    "; System information by name: hardware, OS release, limits, the process\n"
+    "; table (ps) and routes.  Not every sysctl: kern.procargs2 returns the\n"
+    "; arguments and environment of the user's other processes.\n"
+    "(allow sysctl-read\n"
+    "    (sysctl-name \"kern.argmax\")\n"
+    "    (sysctl-name \"kern.boottime\")\n"
+    "    (sysctl-name \"kern.hostname\")\n"
+    "    (sysctl-name \"kern.maxfiles\")\n"
+    "    (sysctl-name \"kern.maxfilesperproc\")\n"
+    "    (sysctl-name \"kern.maxproc\")\n"
+    "    (sysctl-name \"kern.ngroups\")\n"
+    "    (sysctl-name \"kern.osproductversion\")\n"
+    "    (sysctl-name \"kern.osrelease\")\n"
+    "    (sysctl-name \"kern.ostype\")\n"
+    "    (sysctl-name \"kern.osvariant_status\")\n"
+    "    (sysctl-name \"kern.osversion\")\n"
+    "    (sysctl-name \"kern.secure_kernel\")\n"
+    "    (sysctl-name \"kern.tcsm_available\")\n"
+    "    (sysctl-name \"kern.tcsm_enable\")\n"
+    "    (sysctl-name \"kern.usrstack64\")\n"
+    "    (sysctl-name \"kern.version\")\n"
+    "    (sysctl-name \"security.mac.lockdown_mode_state\")\n"
+    "    (sysctl-name \"sysctl.proc_cputype\")\n"
+    "    (sysctl-name \"sysctl.proc_translated\")\n"
+    "    (sysctl-name \"vm.loadavg\")\n"
+    "    (sysctl-name-prefix \"hw.\")\n"
+    "    (sysctl-name-prefix \"kern.proc.all\")\n"
+    "    (sysctl-name-prefix \"kern.proc.pgrp.\")\n"
+    "    (sysctl-name-prefix \"kern.proc.pid.\")\n"
+    "    (sysctl-name-prefix \"machdep.cpu.\")\n"
+    "    (sysctl-name-prefix \"net.routetable.\"))\n"
+    "; The JVM reads the CPU type through a sysctl the kernel counts as a write;\n"
+    "; V8 turns on its thread's side-channel mitigation.\n"
+    "(allow sysctl-write\n"
+    "    (sysctl-name \"kern.grade_cputype\")\n"
+    "    (sysctl-name \"kern.tcsm_enable\"))\n"
     "; host_processor_info() and friends (libuv's os.cpus()).\n"
     "(allow mach-host*)\n"
     "; System libraries read preferences (CFPreferences).\n"
     "(allow user-preference-read)\n"
     "\n"
-    "; System services, by name: user and group lookups, the per-user temp dir,\n"
-    "; preferences, logging, notifications, power state.  No wildcard: some\n"
-    "; services start programs outside the sandbox (LaunchServices).\n"
+    "; System services, by name: file watchers (FSEvents), user and group\n"
+    "; lookups, the per-user temp dir, preferences, logging, notifications,\n"
+    "; power state.  No wildcard: some services start programs outside the\n"
+    "; sandbox (LaunchServices).\n"
     "(allow mach-lookup\n"
+    "    (global-name \"com.apple.FSEvents\")\n"
     "    (global-name \"com.apple.PowerManagement.control\")\n"
     "    (global-name \"com.apple.bsd.dirhelper\")\n"
     "    (global-name \"com.apple.cfprefsd.agent\")\n"
@@ -317,40 +381,39 @@ static const char profile_base[] =
     "(allow iokit-open (iokit-registry-entry-class \"RootDomainUserClient\"))\n"
     "(allow iokit-get-properties)\n"
     "\n"
-    "; Terminals: openpty(), and the ioctls of job control, raw mode and\n"
-    "; window size on the controlling and pseudo terminals.\n"
-    "(allow pseudo-tty)\n"
-    "(allow file-ioctl\n"
-    "    (literal \"/dev/ptmx\")\n"
-    "    (literal \"/dev/tty\")\n"
-    "    (regex #\"^/dev/ttys[0-9]+$\"))\n"
-    "\n"
     "; Files: read anything (system libraries, toolchains, the caller's\n"
-    "; files) except deny_read, denied just below; map any readable file as\n"
+    "; files) but what the rules below take back; map any readable file as\n"
     "; code (dyld loads dylibs that are not in the shared cache this way).\n"
     "(allow file-read*)\n"
-    "(allow file-map-executable)\n";
-
-/* Always writable: the system temp dirs.  /private/var/folders holds every
- * user's confstr(_CS_DARWIN_USER_TEMP_DIR), the default TMPDIR. */
-static const char *const fixed_temp_dirs[] = {"/private/tmp", "/private/var/folders"};
-
-/* The device nodes ordinary programs write to: bit buckets, the controlling
- * and pseudo terminals, and /dev/fd/N (bash's process substitution). */
-static const char profile_dev_write[] =
-    "; Device nodes programs write to: bit buckets, terminals, /dev/fd/N.\n"
-    "(allow file-write*\n"
+    "(allow file-map-executable)\n"
+    "\n"
+    "; Devices: bit buckets (tools ioctl them too), randomness, /dev/fd/N\n"
+    "; (bash's process substitution), dyld's DTrace helper.  Never a raw disk:\n"
+    "; a root program would read past deny_read.\n"
+    "(allow file-write* file-ioctl\n"
+    "    (literal \"/dev/dtracehelper\")\n"
     "    (literal \"/dev/null\")\n"
-    "    (literal \"/dev/zero\")\n"
-    "    (literal \"/dev/tty\")\n"
+    "    (literal \"/dev/zero\"))\n"
+    "(allow file-ioctl\n"
+    "    (literal \"/dev/random\")\n"
+    "    (literal \"/dev/urandom\"))\n"
+    "(allow file-write* (subpath \"/dev/fd\"))\n"
+    "(deny file-read* file-write* (regex #\"^/dev/r?disk\"))\n"
+    "\n"
+    "; Terminals: the user's others (another window's input and output) are\n"
+    "; out of reach; openpty() and the ptys the sandbox opens (the kernel\n"
+    "; grants it an extension for each), /dev/tty, and the terminals on its\n"
+    "; stdio are allowed.  No TIOCSTI on any (the last rule of the profile).\n"
+    "(deny file-read* file-write* file-ioctl\n"
+    "    (regex #\"^/dev/(tty.+|pty.+|cu\\..+|console)$\"))\n"
+    "(allow pseudo-tty)\n"
+    "(allow file-read* file-write* file-ioctl\n"
     "    (literal \"/dev/ptmx\")\n"
-    "    (regex #\"^/dev/ttys[0-9]+$\")\n"
-    "    (subpath \"/dev/fd\"))\n";
-
-/* Files that shells and git run code from.  A write there runs later,
- * outside the sandbox, the next time the user opens a shell or commits. */
-static const char *const dotfiles[] = {".bashrc",  ".bash_profile", ".zshrc", ".zprofile",
-                                       ".profile", ".gitconfig",    ".ssh"};
+    "    (literal \"/dev/tty\"))\n"
+    "(allow file-read* file-write* file-ioctl\n"
+    "    (require-all\n"
+    "        (regex #\"^/dev/ttys[0-9]+$\")\n"
+    "        (extension \"com.apple.sandbox.pty\")))\n";
 
 /* Any repository's .git/hooks and .git/config, at any depth (a submodule's
  * under .git/modules/NAME, a worktree's config.worktree under
@@ -360,11 +423,15 @@ static const char *const dotfiles[] = {".bashrc",  ".bash_profile", ".zshrc", ".
 static const char git_hooks_regex[] =
     "    (regex #\"/\\.git/((modules|worktrees)/.+/)?(hooks(/|$)|config(\\.worktree)?$)\")";
 
+/* Private workspaces are named sbxlimit-<pid hex>-<n>-<mkdtemp suffix>
+ * (sbxlimit/_workspace.py); the regex names no caller string. */
+static const char workspace_name_regex[] = "(regex #\"/sbxlimit-[0-9a-f]+-[0-9]+-[^/]+(/|$)\")";
+
 /* network="allow": name resolution (configd's DNS configuration, the
  * DNS-SD daemon) and TLS certificate checks (trustd) are mach services. */
 static const char profile_net_allow[] =
-    "; Network: unrestricted (network=\"allow\"), with the services that\n"
-    "; resolve names and check TLS certificates.\n"
+    "; Network: unrestricted (network=\"allow\") but Unix sockets (below), with\n"
+    "; the services that resolve names and check TLS certificates.\n"
     "(allow network*)\n"
     "(allow mach-lookup\n"
     "    (global-name \"com.apple.SystemConfiguration.DNSConfiguration\")\n"
@@ -374,8 +441,8 @@ static const char profile_net_allow[] =
     "    (global-name \"com.apple.trustd.agent\"))\n";
 
 static const char profile_net_deny[] =
-    "; Network: none (network=\"deny\").  (deny default) already denies every\n"
-    "; network operation, Unix-domain sockets included.\n";
+    "; Network: none (network=\"deny\"): (deny default) denies every network\n"
+    "; operation but the Unix sockets below.\n";
 
 /* network="proxy": the proxy resolves names; the client still checks the
  * certificates of the TLS sessions it tunnels through the proxy. */
@@ -390,30 +457,24 @@ static const char profile_net_proxy_tail[] =
     "    (global-name \"com.apple.trustd\")\n"
     "    (global-name \"com.apple.trustd.agent\"))\n";
 
-static void out_dotfiles(struct out *o, const struct sbx_seatbelt_policy *p)
-{
-    size_t i;
+/* The system's sockets every sandbox may reach: logging (syslog(3)), and
+ * with the network allowed, name resolution (dns_sd). */
+static const char *const log_sockets[] = {"/private/var/run/syslog"};
+static const char *const dns_sockets[] = {"/private/var/run/mDNSResponder"};
 
-    out_s(o, "\n; Dotfiles: shells and git run code from these later, outside the sandbox.\n"
-             "(deny file-write*");
-    if (p->home != NULL && p->home[0] != '\0') {
-        struct vpath home = vpath_of(p->home);
-        /* "/" as home gives "/.bashrc", not "//.bashrc". */
-        int root = home.pre_len + home.len == 1;
+static const char profile_unix_head[] =
+    "\n"
+    "; Unix sockets, in every network mode: its own (in its workspace), the\n"
+    "; system log's (and with the network allowed, name resolution's), and\n"
+    "; unix_sockets; no other (the Docker socket, ssh-agent, tmux would run\n"
+    "; code outside the sandbox).\n"
+    "(allow system-socket (socket-domain AF_UNIX))\n";
 
-        for (i = 0; i < sizeof dotfiles / sizeof dotfiles[0]; i++) {
-            out_s(o, "\n    (subpath \"");
-            out_escaped(o, home.pre, home.pre_len);
-            out_escaped(o, home.s, root ? 0 : home.len);
-            out_s(o, "/");
-            out_s(o, dotfiles[i]);
-            out_s(o, "\")");
-        }
-    }
-    out_s(o, "\n");
-    out_s(o, git_hooks_regex);
-    out_s(o, ")\n");
-}
+static const char profile_tail[] =
+    "\n"
+    "; Last, so that no allow above can undo it: no typing into a terminal's\n"
+    "; input, which its shell would run after the sandbox ends.\n"
+    "(deny file-ioctl (ioctl-command TIOCSTI))\n";
 
 static void out_proxy(struct out *o, const struct sbx_seatbelt_policy *p)
 {
@@ -438,58 +499,83 @@ static void out_proxy(struct out *o, const struct sbx_seatbelt_policy *p)
     out_s(o, profile_net_proxy_tail);
 }
 
-static void render(struct out *o, const struct sbx_seatbelt_policy *p)
+static void out_unix_sockets(struct out *o, const struct sbx_seatbelt_policy *p,
+                             const char *const *ws, size_t n_ws)
 {
     struct pset set;
-    const char *workspace[1];
+    int allow = p->network == SBX_SEATBELT_NET_ALLOW;
+
+    out_s(o, profile_unix_head);
+    set = pset_of(ws, n_ws, NULL, 0, NULL, 0);
+    out_rule(o, "", "(allow network-bind", "local unix-socket (subpath ", ")", &set);
+    if (allow) /* (allow network*) above allowed every connect */
+        out_s(o, "(deny network-outbound (remote unix-socket))\n");
+    set = pset_of(log_sockets, 1, allow ? dns_sockets : NULL, allow ? 1 : 0, ws, n_ws);
+    out_rule(o, "", "(allow network-outbound", "remote unix-socket (subpath ", ")", &set);
+    set = pset_of(p->unix_sockets, p->n_unix_sockets, NULL, 0, NULL, 0);
+    out_rule(o, "; unix_sockets.\n", "(allow network-outbound", "remote unix-socket (subpath ", ")",
+             &set);
+}
+
+static void render(struct out *o, const struct sbx_seatbelt_policy *p)
+{
+    const char *const *ws = &p->workspace;
+    size_t n_ws = p->workspace != NULL;
+    struct pset set;
 
     out_s(o, profile_base);
 
-    memset(&set, 0, sizeof set);
-    set.v[0] = p->deny_read;
-    set.n[0] = p->n_deny_read;
-    out_rule(o, "; deny_read: after the read allow, so that it wins.\n", "(deny file-read*",
-             "subpath", &set);
+    set = pset_of(p->ttys, p->n_ttys, NULL, 0, NULL, 0);
+    out_rule(o, "; The terminals on its stdio.\n", "(allow file-read* file-write* file-ioctl",
+             "literal ", "", &set);
 
-    out_s(o, "\n; Files: write only the workspace, the temp dirs, writable_roots and the\n"
-             "; device nodes below; every other write falls to (deny default).\n");
-    memset(&set, 0, sizeof set);
-    workspace[0] = p->workspace;
-    set.v[0] = workspace;
-    set.n[0] = p->workspace != NULL;
-    out_rule(o, "; The workspace.\n", "(allow file-write*", "subpath", &set);
+    out_s(o, "\n; Files: write only the workspace and writable_roots (hard links\n"
+             "; included); every other write falls to (deny default).\n");
+    set = pset_of(ws, n_ws, NULL, 0, NULL, 0);
+    out_rule(o, "; The workspace.\n", "(allow file-write* file-link", "subpath ", "", &set);
+    set = pset_of(p->writable_roots, p->n_writable_roots, NULL, 0, NULL, 0);
+    out_rule(o, "; writable_roots.\n", "(allow file-write* file-link", "subpath ", "", &set);
 
-    memset(&set, 0, sizeof set);
-    set.v[0] = fixed_temp_dirs;
-    set.n[0] = sizeof fixed_temp_dirs / sizeof fixed_temp_dirs[0];
-    set.v[1] = p->temp_dirs;
-    set.n[1] = p->n_temp_dirs;
-    out_rule(o,
-             "; Temp dirs: /private/tmp, /private/var/folders (home of every\n"
-             "; per-user TMPDIR), and this TMPDIR.\n",
-             "(allow file-write*", "subpath", &set);
+    if (p->workspaces_root != NULL) {
+        out_s(o, "\n; Other sandboxes' workspaces: neither read nor written, whatever\n"
+                 "; writable_roots say; then its own again.\n"
+                 "(deny file-read* file-write* file-link\n"
+                 "    (require-all\n"
+                 "        (subpath ");
+        {
+            struct vpath root = vpath_of(p->workspaces_root);
 
-    memset(&set, 0, sizeof set);
-    set.v[0] = p->writable_roots;
-    set.n[0] = p->n_writable_roots;
-    out_rule(o, "; writable_roots.\n", "(allow file-write*", "subpath", &set);
+            out_vpath(o, &root);
+        }
+        out_s(o, ")\n        ");
+        out_s(o, workspace_name_regex);
+        out_s(o, "))\n");
+        set = pset_of(ws, n_ws, NULL, 0, NULL, 0);
+        out_rule(o, "", "(allow file-read* file-write* file-link", "subpath ", "", &set);
+    }
 
-    out_s(o, profile_dev_write);
+    set = pset_of(p->deny_read, p->n_deny_read, NULL, 0, NULL, 0);
+    out_rule(o, "\n; deny_read: after every read allow, so that it wins.\n", "(deny file-read*",
+             "subpath ", "", &set);
 
     /* deny_read joins deny_write: a file the sandbox may not read must not
      * be renamed (a write) to a path it may read. */
-    memset(&set, 0, sizeof set);
-    set.v[0] = p->deny_write;
-    set.n[0] = p->n_deny_write;
-    set.v[1] = p->deny_read;
-    set.n[1] = p->n_deny_read;
+    set = pset_of(p->deny_write, p->n_deny_write, p->deny_read, p->n_deny_read, NULL, 0);
     out_rule(o,
              "\n; deny_write and deny_read (no renaming an unreadable file to a readable\n"
              "; path): after every write allow, so that they win.\n",
-             "(deny file-write*", "subpath", &set);
+             "(deny file-write* file-link", "subpath ", "", &set);
 
-    if (p->protect_dotfiles)
-        out_dotfiles(o, p);
+    if (p->protect_dotfiles) {
+        out_s(o, "\n; Dotfiles (as links and as their targets) and git's hooks and config:\n"
+                 "; shells and git run code from these later, outside the sandbox.\n"
+                 "(deny file-write* file-link");
+        set = pset_of(p->protected_paths, p->n_protected_paths, NULL, 0, NULL, 0);
+        out_filters(o, "subpath ", "", &set);
+        out_s(o, "\n");
+        out_s(o, git_hooks_regex);
+        out_s(o, ")\n");
+    }
 
     out_s(o, "\n");
     switch (p->network) {
@@ -503,6 +589,8 @@ static void render(struct out *o, const struct sbx_seatbelt_policy *p)
         out_proxy(o, p);
         break;
     }
+    out_unix_sockets(o, p, ws, n_ws);
+    out_s(o, profile_tail);
 }
 
 int sbx_seatbelt_render(const struct sbx_seatbelt_policy *p, char *buf, size_t cap, size_t *needed,
