@@ -88,7 +88,8 @@ typedef int (*sbx_child_hook)(void *arg);
 enum sbx_view_kind {
     SBX_VIEW_RW = 1,   /* a writable root: the host's tree as it is, nosuid, nodev */
     SBX_VIEW_RW_DEV,   /* the same without nodev (the tree holds /dev) */
-    SBX_VIEW_RO,       /* a protected path: its tree bound read-only over it */
+    SBX_VIEW_RO,       /* a protected path: its tree (data: the tree at data,
+                          a symbolic link's target) bound read-only over it */
     SBX_VIEW_HIDE_DIR, /* deny_read: an empty read-only tmpfs over it */
     SBX_VIEW_HIDE,     /* deny_read, not a directory: /dev/null bound read-only over it */
     SBX_VIEW_TMPFS     /* a private tmpfs, nosuid, nodev; data: its mount options */

@@ -64,6 +64,12 @@ def _real(path: str) -> str:
     return os.path.realpath(path)
 
 
+def _as_is(path: str) -> str:
+    """`path` with its directories resolved, its last name kept (a link
+    stays a link)."""
+    return os.path.join(_real(os.path.dirname(path)), os.path.basename(path))
+
+
 def subtract(roots: Iterable[str], denied: Iterable[str]) -> list[str]:
     """The paths that cover `roots` except everything beneath `denied`:
     a root above a denied path is replaced by its children other than the
@@ -72,7 +78,9 @@ def subtract(roots: Iterable[str], denied: Iterable[str]) -> list[str]:
     # A denied path that does not exist has nothing to carve out: cutting
     # its parent into existing siblings would take away the right to create
     # anything new there (the limit of allow-only rules: docs/SECURITY.md).
-    for d in sorted({_real(x) for x in denied if os.path.lexists(x)}):
+    # A link is carved as itself (its directory then keeps no right to
+    # replace it); callers list what they mean by its target.
+    for d in sorted({_as_is(x) for x in denied if os.path.lexists(x)}):
         nxt: set[str] = set()
         for r in out:
             if within(r, d):
@@ -113,8 +121,13 @@ def rules(
     handled = handled_rights(abi)
     writable = [workspace] if workspace else []
     writable += list(policy.writable_roots)
-    denied_writes = [] if view else [*policy.deny_write, *policy.deny_read, *protected]
-    out = [(p, READ) for p in subtract(["/"], policy.deny_read)]
+    denied_writes = []
+    if not view:
+        named = [*policy.deny_write, *policy.deny_read, *protected]
+        # What a link leads to, and the link itself (the program could
+        # replace it with a file of its own).
+        denied_writes = [_real(x) for x in named] + [x for x in named if os.path.islink(x)]
+    out = [(p, READ) for p in subtract(["/"], [_real(x) for x in policy.deny_read])]
     out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes)]
     out += [(d, DEVICE) for d in DEVICES]
     return handled, out

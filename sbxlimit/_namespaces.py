@@ -64,16 +64,32 @@ def view(
         # memory of other processes is none of the sandbox's business.
         size = f",size={shm_size}" if shm_size else ""
         out.append((_core.VIEW_TMPFS, b"/dev/shm", f"mode=1777{size}".encode()))
-    for path in dict.fromkeys(real(x) for x in [*policy.deny_write, *protected]):
+    read_only: dict[str, str] = {}  # path -> what is bound over it
+    for x in [*policy.deny_write, *protected]:
+        target = real(x)
+        if os.path.islink(x) and os.path.isfile(target):
+            # The program could replace the link with a file of its own:
+            # the target is bound over the link itself (a mount point cannot
+            # be unlinked or renamed over).  A directory cannot be mounted
+            # over a link: _protected.replaceable_links says so.
+            read_only.setdefault(_link_path(x), target)
+        read_only.setdefault(target, target)
+    for path, source in read_only.items():
         # Outside the writable trees the view is read-only already.
         if any(within(path, r) for r in rw) and os.path.lexists(path):
-            out.append((_core.VIEW_RO, os.fsencode(path), b""))
+            data = b"" if source == path else os.fsencode(source)
+            out.append((_core.VIEW_RO, os.fsencode(path), data))
     for path in dict.fromkeys(real(x) for x in policy.deny_read):
         if os.path.isdir(path):
             out.append((_core.VIEW_HIDE_DIR, os.fsencode(path), b""))
         elif os.path.lexists(path):
             out.append((_core.VIEW_HIDE, os.fsencode(path), b""))
     return out, ro_root, own_dev
+
+
+def _link_path(path: str) -> str:
+    """A link as itself: its directory resolved, its own name kept."""
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
 
 
 class Spawn:

@@ -124,6 +124,59 @@ def test_a_writable_home_is_writable_and_its_dotfiles_and_repositories_are_not(h
         assert (home / p).read_bytes() == data, p
 
 
+def linked_home(tmp_path, monkeypatch):
+    """A HOME whose dotfiles are links into a dotfiles repository beside it
+    (as dotfile managers make them): ~/.zshrc and ~/.gitconfig link to
+    files, ~/.ssh to a directory."""
+    h = tmp_path / "home"
+    dots = tmp_path / "dotfiles"
+    (dots / "ssh").mkdir(parents=True)
+    (h / "work").mkdir(parents=True)
+    (dots / "zshrc").write_text("# rc\n")
+    (dots / "gitconfig").write_text("[user]\n")
+    (h / ".zshrc").symlink_to(dots / "zshrc")
+    (h / ".gitconfig").symlink_to("../dotfiles/gitconfig")  # relative
+    (h / ".ssh").symlink_to(dots / "ssh")
+    monkeypatch.setenv("HOME", str(h))
+    return h
+
+
+# Both trees writable: the links' targets are protected where they are.
+LINK_ATTACKS = """
+    new_file sh -c 'echo ok > {h}/work/new.txt'
+    through sh -c 'echo evil >> {h}/.zshrc'
+    target sh -c 'echo evil >> {h}/../dotfiles/zshrc'
+    unlink rm -f {h}/.zshrc
+    replace sh -c 'echo evil > {h}/z2 && mv -f {h}/z2 {h}/.zshrc'
+    relink ln -sfn {h}/work/new.txt {h}/.gitconfig
+    rename mv {h}/.gitconfig {h}/g2
+"""
+
+
+def link_roots(h) -> list[str]:
+    return [str(h), str(h.parent / "dotfiles")]
+
+
+def check_link_attacks(h, r: dict[str, int]) -> None:
+    assert r.pop("new_file") == 0
+    assert [k for k, v in r.items() if v == 0] == []
+    assert os.readlink(h / ".zshrc") == str(h.parent / "dotfiles" / "zshrc")
+    assert os.readlink(h / ".gitconfig") == "../dotfiles/gitconfig"
+    assert (h / ".zshrc").read_text() == "# rc\n"
+
+
+def test_a_dotfile_that_is_a_link_is_protected_as_link_and_target(tmp_path, monkeypatch):
+    # The link's target is bound over the link itself: writes through it,
+    # and replacing it with a file of the program's, are refused.
+    h = linked_home(tmp_path, monkeypatch)
+    policy = Policy(writable_roots=link_roots(h))
+    with sbxlimit.Popen(["true"], policy=policy) as p:
+        note = p.enforced["protect_dotfiles"]
+    check_link_attacks(h, sh(LINK_ATTACKS.format(h=h), policy))
+    # A directory cannot be mounted over a link: said, not hidden.
+    assert "a link to a directory, so it can be replaced: ~/.ssh" in note
+
+
 GIT_SCRIPT = """
 set -e
 cd "$1"

@@ -102,6 +102,15 @@ def test_dotfiles_protected_in_a_writable_home(tmp_path, monkeypatch):
     assert (home / ".bashrc").read_text() == "# rc\n"
 
 
+def test_a_dotfile_that_is_a_link_is_protected_as_link_and_target(tmp_path, monkeypatch):
+    # Landlock alone: the link is carved as itself, so HOME keeps no right
+    # to replace it; its target refuses writes.
+    from .test_file_rules import LINK_ATTACKS, check_link_attacks, link_roots, linked_home
+
+    h = linked_home(tmp_path, monkeypatch)
+    check_link_attacks(h, sh(LINK_ATTACKS.format(h=h), writable_roots=link_roots(h)))
+
+
 def test_the_documented_limit_new_entries_in_a_carved_directory(tree):
     # open/ is carved around open/.git/hooks: what exists in it stays
     # writable, but a new entry directly in it has no rule (docs/SECURITY.md).

@@ -320,8 +320,8 @@ out:
 static int view_entry(const struct sbx_spec *s, const struct sbx_view *v)
 {
     switch (v->kind) {
-    case SBX_VIEW_RO:
-        return bind_ro(v->path, v->path, SBX_AT_RECURSIVE);
+    case SBX_VIEW_RO: /* data: a link's target, bound over the link itself */
+        return bind_ro(v->data != NULL ? v->data : v->path, v->path, SBX_AT_RECURSIVE);
     case SBX_VIEW_HIDE:
         return bind_ro("/dev/null", v->path, 0);
     case SBX_VIEW_HIDE_DIR:
