@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         SandboxSetupError,
         UnsupportedError,
     )
+    from ._evidence import Usage
     from ._gate import Gate, GateCall, GateStats
     from ._limits import Limits
     from ._policy import Policy
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from ._quota import Quota
     from ._run import SandboxResult, run
     from ._spawn import STEPS
-    from ._termination import LIMIT_REASONS, REASONS, Termination, Usage
+    from ._termination import LIMIT_REASONS, REASONS, Termination
 
 # Names load on first use (PEP 562): `import sbxlimit` -- and the pytest
 # plugin, loaded in every test session -- costs almost nothing until a
@@ -63,7 +64,7 @@ _LAZY = {
     "LIMIT_REASONS": "_termination",
     "REASONS": "_termination",
     "Termination": "_termination",
-    "Usage": "_termination",
+    "Usage": "_evidence",
 }
 
 

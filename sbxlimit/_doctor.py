@@ -336,7 +336,7 @@ def _cgroup_trial() -> str | None:
     except OSError as e:
         return f"cannot start a sandbox in a cgroup: {e}"
     with p:
-        cg = p._sbx_cgroup
+        cg = p._sbx.cgroup
         try:
             if cg is None or p.pid not in cg.pids():
                 return "the sandbox did not land in its cgroup"

@@ -56,7 +56,7 @@ class ForkedSandbox(Popen):
         for bad in ("executable", "preexec_fn", "shell", "env"):
             if kwargs.get(bad) not in (None, False):
                 raise ConfigError(bad, kwargs[bad], "does not apply to a forked sandbox")
-        self._sbx_target = target
+        self._sbx_handle().target = target
         # Buffered output would be written twice: by us, and by the child
         # that inherits the buffer.
         for stream in (sys.stdout, sys.stderr):

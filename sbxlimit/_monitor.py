@@ -32,7 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import _core, _workspace, audit
-from ._termination import KillRecord
+from ._evidence import KillRecord, Samples
 
 if TYPE_CHECKING:
     from ._cgroup import Cgroup
@@ -209,6 +209,10 @@ class Watch:
         if self.next_sample is not None:
             t = min(t, self.next_sample)
         return t
+
+    def samples(self) -> Samples:
+        """What its samples saw, for the evidence record."""
+        return Samples(self.memory_peak, self.tasks_peak, self.cpu_seen)
 
     def observe(self, memory: int, tasks: int) -> dict[str, Any] | None:
         """Record a sample; returns the fields of a resource_warning audit

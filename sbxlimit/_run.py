@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import LimitExceeded
+from ._evidence import Usage
 from ._limits import Limits
 from ._policy import Policy
 from ._popen import Popen
-from ._termination import Outcome, Termination, Usage
+from ._termination import Outcome, Termination
 
 __all__ = ["SandboxResult", "run"]
 

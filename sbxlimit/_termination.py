@@ -1,7 +1,8 @@
-"""How a sandbox ended and what it used: ``Termination`` and ``Usage``.
+"""How a sandbox ended: ``Termination``, decided from its evidence.
 
-``classify`` is the one place that decides the reason from the evidence: the
-wait status, the rusage, and what the supervisor did (its kill record).
+``classify`` is the one place that decides the reason from the evidence
+(``_evidence.Evidence``): the wait status, the rusage, what the supervisor
+did (its kill record), the cgroup's counters.
 Messages are for people: which limit, how much was used, by which mechanism,
 what to do.  They never contain argv beyond the program's name, environment
 values or program output.
@@ -12,18 +13,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import resource
 import signal as _signal
-import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ._evidence import Evidence, KillRecord, Usage, usage
 from ._units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
-    from ._cgroup import CgroupStats
     from ._limits import Limits
-    from ._monitor import Watch
 
 __all__ = [
     "LIMIT_REASONS",
@@ -52,53 +50,6 @@ REASONS = (
 LIMIT_REASONS = frozenset(
     {"memory", "cpu_time", "pids", "file_size", "disk", "wall_time", "output"}
 )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Usage:
-    """What a sandbox used.  Live while it runs (``Popen.usage()``), final after.
-
-    ``None`` means "not measured here" (e.g. disk before workspaces exist).
-    With a cgroup, every figure is the cgroup's: all processes the sandbox
-    ever ran, CPU throttling (``throttled_periods``, ``throttled_seconds``:
-    time the ``cpu`` limit held it back) included.  Without one, CPU and the
-    memory peak after exit come from ``wait4`` rusage (the program and the
-    descendants it waited for) and the supervisor's samples.
-    """
-
-    cpu_user: float | None = None
-    cpu_system: float | None = None
-    memory_now: int | None = None
-    memory_peak: int | None = None
-    pids_now: int | None = None
-    pids_peak: int | None = None
-    disk: int | None = None
-    wall: float = 0.0
-    throttled_periods: int | None = None
-    throttled_seconds: float | None = None
-
-    @property
-    def cpu_total(self) -> float | None:
-        """User + system CPU seconds."""
-        if self.cpu_user is None or self.cpu_system is None:
-            return None
-        return self.cpu_user + self.cpu_system
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["cpu_total"] = self.cpu_total
-        return d
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class KillRecord:
-    """The supervisor's note of why it ended a sandbox (first kill wins)."""
-
-    reason: str
-    limit: float | int | None
-    observed: float | int | None
-    mechanism: str
-    detail: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -372,127 +323,52 @@ def _on_the_way(hit: set[str], oom_kills: int, pids_refused: int, reason: str = 
     return f" On the way: {'; '.join(parts)}." if parts else ""
 
 
-# ru_maxrss is KiB on Linux, bytes on macOS.
-_MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
-
-
 class Outcome:
-    """The final facts of a reaped sandbox, kept small (no output, no argv)
-    and turned into Usage and Termination only when someone asks."""
+    """A reaped sandbox's evidence, turned into Usage and Termination only
+    when someone asks (and then once)."""
 
-    __slots__ = (
-        "_termination",
-        "_usage",
-        "cgroup",
-        "created",
-        "disk",
-        "disk_full",
-        "enforced",
-        "killed_by_caller",
-        "limits",
-        "parent_maxrss",
-        "program",
-        "returncode",
-        "rusage",
-        "wall",
-        "watch",
-    )
+    __slots__ = ("_termination", "_usage", "enforced", "evidence", "limits")
 
-    def __init__(
-        self,
-        *,
-        program: str,
-        returncode: int,
-        rusage: Any,
-        wall: float,
-        watch: Watch | None,
-        limits: Limits | None,
-        enforced: dict[str, str],
-        created: bool,
-        killed_by_caller: bool = False,
-        cgroup: CgroupStats | None = None,
-        disk: int | None = None,
-        disk_full: bool = False,
-    ) -> None:
-        self.program = program
-        self.disk = disk
-        self.disk_full = disk_full
-        self.cgroup = cgroup
-        self.killed_by_caller = killed_by_caller
-        self.parent_maxrss = 0
-        self.returncode = returncode
-        self.rusage = rusage
-        self.wall = wall
-        self.watch = watch
+    def __init__(self, evidence: Evidence, limits: Limits | None, enforced: dict[str, str]) -> None:
+        self.evidence = evidence
         self.limits = limits
         self.enforced = enforced
-        self.created = created
         self._usage: Usage | None = None
         self._termination: Termination | None = None
 
     def usage(self) -> Usage:
         if self._usage is None:
-            ru, w = self.rusage, self.watch
-            peak = None
-            # A spawned child starts with its parent's RSS high-water mark
-            # (it shares or copies the parent's memory until execve), so
-            # ru_maxrss says something about the child only when it is above
-            # ours.  Ours only grows: reading it now errs on the safe side.
-            self.parent_maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            if ru is not None and ru.ru_maxrss > self.parent_maxrss:
-                peak = ru.ru_maxrss * _MAXRSS_UNIT
-            if w is not None and w.memory_peak:
-                peak = max(peak or 0, w.memory_peak)
-            cg = self.cgroup
-            if cg is not None:
-                # The cgroup saw every process, waited for or not.
-                self._usage = Usage(
-                    cpu_user=cg.cpu_user if cg.cpu_user is not None else ru and ru.ru_utime,
-                    cpu_system=cg.cpu_system if cg.cpu_system is not None else ru and ru.ru_stime,
-                    memory_now=0,
-                    memory_peak=cg.memory_peak if cg.memory_peak is not None else peak,
-                    pids_now=0,
-                    pids_peak=cg.pids_peak or ((w.tasks_peak or None) if w is not None else None),
-                    wall=self.wall,
-                    disk=self.disk,
-                    throttled_periods=cg.throttled_periods,
-                    throttled_seconds=cg.throttled_seconds,
-                )
-                return self._usage
-            user, system = (ru.ru_utime, ru.ru_stime) if ru is not None else (None, None)
-            if w is not None and sum(w.cpu_seen) > (user or 0) + (system or 0):
-                user, system = w.cpu_seen  # a kill left processes nobody waited for
-            self._usage = Usage(
-                cpu_user=user,
-                cpu_system=system,
-                memory_now=0 if self.created else None,
-                memory_peak=peak,
-                pids_now=0 if self.created else None,
-                pids_peak=(w.tasks_peak or None) if w is not None else None,
-                wall=self.wall,
-                disk=self.disk,
+            e = self.evidence
+            self._usage = usage(
+                wall=e.wall,
+                disk=e.disk,
+                final=True,
+                cgroup=e.cgroup,
+                samples=e.samples,
+                rusage=e.rusage,
+                created=e.created,
             )
         return self._usage
 
     def termination(self) -> Termination:
         if self._termination is None:
-            w, lim = self.watch, self.limits
+            e, lim = self.evidence, self.limits
             self._termination = classify(
-                program=self.program,
-                returncode=self.returncode,
+                program=e.program,
+                returncode=e.returncode,
                 cpu_time_limit=lim.cpu_time if lim else None,
                 file_size_limit=lim.file_size if lim else None,
                 memory_limit=lim.memory if lim else None,
                 enforced=self.enforced,
                 usage=self.usage(),
-                kill=w.kill if w is not None else None,
-                hits=w.hits if w is not None else (),
-                killed_by_caller=self.killed_by_caller,
+                kill=e.kill,
+                hits=e.hits,
+                killed_by_caller=e.killed_by_caller,
                 pids_limit=lim.pids if lim else None,
-                oom_kills=self.cgroup.oom_kills if self.cgroup is not None else 0,
-                pids_refused=self.cgroup.pids_refused if self.cgroup is not None else 0,
+                oom_kills=e.cgroup.oom_kills if e.cgroup is not None else 0,
+                pids_refused=e.cgroup.pids_refused if e.cgroup is not None else 0,
                 disk_limit=lim.disk if lim else None,
-                disk_full=self.disk_full,
+                disk_full=e.disk_full,
                 tolerate=lim.tolerate if lim else (),
             )
         return self._termination

@@ -32,13 +32,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import ConfigError
+from ._evidence import Usage
 from ._limits import Limits
-from ._monitor import signal_tree
 from ._policy import Policy
 from ._popen import Popen
 from ._quota import Quota
 from ._run import SandboxResult
-from ._termination import Termination, Usage
+from ._termination import Termination
 from ._units import parse_seconds
 
 __all__ = ["Process", "create_subprocess_exec", "create_subprocess_shell", "run"]
@@ -164,10 +164,10 @@ class Process:
     # -- sbxlimit's additions ---------------------------------------------
 
     def _kill_now(self) -> None:
-        p = self._popen
         if not self._exited.done():
-            p._sbx_caller_kills()
-            signal_tree(p.pid, signal.SIGKILL, p._sbx_pgid, p._sbx_cgroup)
+            sbx = self._popen._sbx
+            sbx.caller_kills()
+            sbx.signal_tree(signal.SIGKILL)
 
     async def kill_tree(self, grace: float | str | None = None) -> int:
         """SIGTERM to the whole tree, SIGKILL after `grace` (default
@@ -179,9 +179,9 @@ class Process:
         g = parse_seconds("grace", grace, allow_zero=True)
         if self._exited.done():
             return int(self._exited.result())
-        p._sbx_caller_kills()
+        p._sbx.caller_kills()
         if g > 0:
-            signal_tree(p.pid, signal.SIGTERM, p._sbx_pgid, p._sbx_cgroup)
+            p._sbx.signal_tree(signal.SIGTERM)
             try:
                 return await asyncio.wait_for(asyncio.shield(self._exited), g)
             except TimeoutError:
@@ -232,11 +232,12 @@ class _Admitted(Popen):
     reaped or not, or now if the spawn fails, as Popen(quota=...) does."""
 
     def __init__(self, admission: Any, *args: Any, **kwargs: Any) -> None:
-        self._sbx_quota = admission
+        sbx = self._sbx_handle()
+        sbx.quota = admission
         try:
             super().__init__(*args, **kwargs)
         except BaseException:
-            self._sbx_quota_release()  # a bad argument, before any spawn
+            sbx.release_quota()  # a bad argument, before any spawn
             raise
 
 

@@ -299,11 +299,11 @@ def test_clone3_places_the_child_at_birth_on_v2():
     p = sbxlimit.Popen(["true"], limits=Limits(pids=8))
     p.wait()
     if SITE.version != 2:
-        assert not p._sbx_how & _core.HOW_INTO_CGROUP
+        assert not p._sbx.how & _core.HOW_INTO_CGROUP
         pytest.skip("CLONE_INTO_CGROUP needs cgroup v2; v1 children write cgroup.procs")
     if not _core.HAS_VFORK or os.uname().machine != "x86_64":
         pytest.skip("the clone3 trampoline exists for x86-64 only; others use clone()")
-    assert p._sbx_how & _core.HOW_INTO_CGROUP
+    assert p._sbx.how & _core.HOW_INTO_CGROUP
 
 
 @needs_cgroup
@@ -313,7 +313,7 @@ def test_crashed_supervisors_leftovers_are_collected(tmp_path):
     code = """
         import os, sbxlimit
         p = sbxlimit.Popen(["sleep", "30"], limits=sbxlimit.Limits(pids=8))
-        print(p._sbx_cgroup.name, flush=True)
+        print(p._sbx.cgroup.name, flush=True)
         os._exit(0)
     """
 
@@ -365,7 +365,7 @@ def test_explicit_parent():
         p = sbxlimit.Popen(["sleep", "10"], limits=Limits(pids=8), cgroup_parent=made[0])
         with p:
             try:
-                dirs = set(p._sbx_cgroup.dirs.values())
+                dirs = set(p._sbx.cgroup.dirs.values())
                 assert dirs and {os.path.dirname(d) for d in dirs} <= set(made)
                 assert os.path.join(made[0], f"sbx-{p.sandbox_id}") in dirs
                 assert p.enforced["pids"] == f"{SITE.label}:pids.max"

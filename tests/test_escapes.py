@@ -793,7 +793,7 @@ import os, sbxlimit
 q = sbxlimit.Quota(max_sandboxes=4)
 p = sbxlimit.Popen(["sleep", "3"], quota=q, die_with_parent=False, sample_interval=0.5,
                    stdout=sbxlimit.DEVNULL, stderr=sbxlimit.DEVNULL)
-print(p.pid, p._sbx_interval, flush=True)
+print(p.pid, p._sbx.interval, flush=True)
 os._exit(0)  # die_with_parent=False: the program outlives us
 """
 

@@ -473,7 +473,7 @@ def test_disk_tmpfs_enospc_and_outputs_readable_until_close():
             assert f.read() == "kept"  # after the exit, the namespace gone
         assert p.termination.reason == "disk" or "disk" in p.termination.hits
         assert p.usage().disk == 1 << 20
-        host_dir = p._sbx_workspace
+        host_dir = p._sbx.workspace
         assert not _mounted(host_dir)  # nothing mounted in the caller's namespace
         assert os.listdir(host_dir) == ["tmp"]  # made before the start, never written
     assert p.workspace is None and not os.path.exists(host_dir)
@@ -492,7 +492,7 @@ def test_disk_tmpfs_keep_workdir_copies_it_out():
         ["sh", "-c", "mkdir -p d && echo x > d/f"], limits={"disk": "1Mi"}, policy=pol
     ) as p:
         p.wait()
-        host_dir = p._sbx_workspace
+        host_dir = p._sbx.workspace
     try:
         with open(os.path.join(host_dir, "d", "f")) as f:
             assert f.read() == "x\n"
@@ -534,7 +534,7 @@ def test_disk_tmpfs_keep_workdir_copies_what_it_can():
     pol = Policy(keep_workdir=True, protect_dotfiles=False)
     p = sbxlimit.Popen(["sh", "-c", "echo a > ok; mkfifo pipe"], limits={"disk": "1Mi"}, policy=pol)
     p.wait()
-    host_dir = p._sbx_workspace
+    host_dir = p._sbx.workspace
     try:
         with pytest.warns(RuntimeWarning, match="could not be copied.*pipe"):
             p.close()

@@ -1,0 +1,933 @@
+"""One sandbox's life: ``Sandbox``.
+
+A ``Sandbox`` holds everything one sandbox owns (its plan, workspace,
+cgroup, Seatbelt profile, namespace sockets, output pumps, quota admission,
+supervision) and the order in which it gets and gives them back:
+
+    prepare()  validate and plan, before anything exists (ConfigError,
+               UnsupportedError)
+    spawn()    acquire in order -- workspace, Seatbelt profile, output
+               pumps, cgroup, Landlock ruleset, namespace sockets -- then
+               make the child; on any failure ``_abort()`` gives back what
+               was taken, in one place
+    supervise  register with the one supervisor thread (_monitor)
+    leader_exited(), reaped()
+               end what the leader left, keep the cgroup's final figures
+               and the workspace's size, then hand the cgroup to the
+               supervisor for removal
+    evidence() the one record the verdict and the final usage come from
+    close()    remove the workspace (or keep it)
+
+``sbxlimit.Popen`` is subprocess's class plus a Sandbox; the asyncio
+``Process`` and ``ForkedSandbox`` drive the same object through it.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import pwd
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from . import _core, _landlock, _namespaces, _protected, _seatbelt, _workspace, audit
+from . import _spawn as _spawn_mod
+from ._cgroup import Cgroup, CgroupStats, discover, warn_explicit_site
+from ._enforce import CLONE_NEWPID, Plan, plan, warn_downgrades
+from ._errors import ConfigError, UnsupportedError, setup_error
+from ._evidence import Evidence, Usage, usage
+from ._limits import Limits
+from ._monitor import Pump, Watch, get_monitor, signal_tree
+from ._policy import Policy
+from ._seatbelt import Belt, proxy_env, terminal_devices
+from ._spawn import child_error, resolve_executable
+from ._termination import Outcome, Termination
+
+__all__ = ["DEFAULT_INTERVAL", "NO_PLAN", "Sandbox"]
+
+_ids = itertools.count(1)
+DEFAULT_INTERVAL = 0.1
+NO_PLAN = Plan()  # a plain Popen: no limits, no policy
+_LINUX = sys.platform.startswith("linux")
+
+
+def _readable(fd: int) -> bool:
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
+
+
+def _no_reaper(forked: bool, group: Any) -> str:
+    """Why the program cannot run under a PID namespace's reaper, if so."""
+    if forked:
+        return "a forked callable cannot run under a reaper"
+    if isinstance(group, int) and not isinstance(group, bool) and group > 0:
+        return f"process_group={group} is a group outside any PID namespace"
+    return ""
+
+
+def _target_uid(user: Any) -> int:
+    """The uid the program will run as (for RLIMIT_NPROC's caveat)."""
+    if user is None:
+        return os.geteuid()
+    if isinstance(user, int):
+        return user
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except (KeyError, TypeError):
+        return os.geteuid()  # subprocess reports the bad user itself
+
+
+class Sandbox:
+    """Everything one sandbox holds, from its plan to its evidence.
+
+    Attributes are class-level defaults: a plain Popen (no limits, no
+    policy) sets almost none of them on its spawn path."""
+
+    plan: Plan = NO_PLAN
+    limits: Limits | None = None
+    policy: Policy | None = None
+    target: Callable[[], Any] | None = None  # a forked callable (ForkedSandbox)
+    program = "the program"  # program_name(), set when the child is made
+    audit_key: str | None = None
+    interval = DEFAULT_INTERVAL
+    die_with_parent: bool | None = None
+    warn_at: float | None = 0.9
+    protected: tuple[str, ...] = ()  # what protect_dotfiles protects (_protected)
+    notes: dict[str, str] = {}  # noqa: RUF012  (replaced, never mutated) this run's enforced notes
+    _id: str | None = None
+
+    # Resources, in the order spawn() takes them.
+    quota: Any = None  # a Quota admission, given back when the program exits
+    workspace: str | None = None  # the private workspace, until close()
+    belt: Belt | None = None  # macOS: the profile on its way in
+    cgroup: Cgroup | None = None
+    ws_fd = -1  # the size-capped tmpfs over the workspace (mount namespace): its root
+    # A PID namespace's PID 1 (our child) writes the target's wait status
+    # here: the status the caller sees, signals included.
+    status_fd = -1
+
+    # The running sandbox.
+    pid = 0
+    failed_status: int | None = None  # the wait status of a child that failed before exec
+    dies_with_us = False  # PR_SET_PDEATHSIG was set
+    leads_group = False  # the child leads a process group (or session) of its own
+    how = 0  # _core.HOW_* bits of the clone that made the child
+    start = 0.0
+    end: float | None = None
+    pgid = 0  # > 0 when the child leads that group and we may kill it
+    tree_pgid = 0  # same, and what it leaves there is killed at exit
+    kill_group = 0  # kill_tree() asked: kill the group at reap
+    killed_by_caller = False
+    watch: Watch | None = None
+    flush: list[Pump] = []  # noqa: RUF012  (never mutated: replaced per instance)
+
+    # What it left.
+    rusage: Any = None
+    cgstats: CgroupStats | None = None
+    disk: int | None = None  # the workspace's size when the program ended
+    disk_full = False  # the tmpfs was full when the program ended
+    _outcome: Outcome | None = None
+
+    @property
+    def id(self) -> str:
+        """A short id, unique in this process, for logs and audit events."""
+        if self._id is None:
+            self._id = f"{os.getpid():x}-{next(_ids)}"
+        return self._id
+
+    @property
+    def enforced(self) -> dict[str, str]:
+        return {**self.plan.enforced, **self.notes}
+
+    # -- before anything exists --------------------------------------------
+
+    def prepare(
+        self, limits: Any, policy: Any, user: Any, cgroup_parent: str | None, group: Any
+    ) -> None:
+        """Validate and plan; raises before any process starts."""
+        self.limits = Limits.coerce(limits)
+        self.policy = Policy.coerce(policy)
+        site = discover(cgroup_parent)
+        if not site.version and cgroup_parent not in (None, "none"):
+            # Asked for by name: say so rather than fall back quietly.
+            raise ConfigError("cgroup_parent", cgroup_parent, site.reason)
+        if not site.version and site.explicit and (self.limits or self.policy):
+            warn_explicit_site(site)
+        p = self.plan = plan(
+            self.limits,
+            self.policy,
+            uid=_target_uid(user),
+            site=site,
+            no_reaper=_no_reaper(self.target is not None, group),
+        )
+        if p.ns_flags & CLONE_NEWPID and self.target is not None:
+            raise ConfigError(
+                "Policy.isolate_pids",
+                True,
+                "a forked Python callable (ForkedSandbox, the pytest marker) cannot be PID 2 "
+                "under a reaper: it needs a program to exec",
+            )
+        if p.ns_flags & CLONE_NEWPID and isinstance(group, int) and group > 0:
+            raise ConfigError(
+                "process_group",
+                group,
+                "with Policy(isolate_pids=True) the program cannot join a group outside its "
+                "PID namespace",
+            )
+        if p.new_session and isinstance(group, int) and group > 0:
+            raise ConfigError(
+                "process_group",
+                group,
+                "a Policy sandbox gets a session of its own (no controlling terminal), so it "
+                "cannot join a group of the caller's; pass Policy(terminal=True) to share it",
+            )
+        strict = self.policy is not None and self.policy.strict
+        if strict and (p.downgrades or p.fallbacks):
+            raise UnsupportedError({**p.fallbacks, **p.downgrades})
+        if p.downgrades:
+            warn_downgrades(p)
+        self._find_protected()
+
+    def _find_protected(self) -> None:
+        """What protect_dotfiles protects for this sandbox, and where the
+        mechanism that holds it falls short (a note in `enforced`)."""
+        p, pol = self.plan, self.policy
+        if pol is None or not pol.protect_dotfiles or not (p.landlock or p.ro_view or p.seatbelt):
+            return
+        # The private workspace is new and empty: the roots to search are
+        # the caller's.
+        roots = [pol.workdir] if pol.workdir else []
+        home = os.path.expanduser("~")
+        found = _protected.protected(home, [*roots, *pol.writable_roots], darwin=p.seatbelt)
+        self.protected = found.paths
+        notes = []
+        if not found.complete:
+            # The protection is bounded by definition (SPEC 3): say where
+            # this search stopped.
+            unreached = (
+                # The profile's rule covers every .git/hooks and .git/config.
+                "git directories that a .git file names, in repositories it did not reach"
+                if p.seatbelt
+                else "repositories it did not reach"
+            )
+            notes.append(
+                f"this search stopped after {_protected.MAX_DIRS} directories: "
+                f"{unreached} are not protected"
+            )
+        # Nothing can be bound over a name that does not exist (Seatbelt
+        # rules name paths: it refuses those too).
+        missing = [] if p.seatbelt else _protected.missing_dotfiles(home, pol.writable_roots)
+        if missing:
+            notes.append(f"not there, so a new one can be made: {', '.join(missing)}")
+        links = _protected.replaceable_links(home, pol.writable_roots) if p.ro_view else []
+        if links:
+            notes.append(f"a link to a directory, so it can be replaced: {', '.join(links)}")
+        if notes:
+            held, said = p.enforced["protect_dotfiles"], "; ".join(notes)
+            held = f"{held[:-1]}; {said})" if held.endswith(")") else f"{held} ({said})"
+            self.notes = {"protect_dotfiles": held}
+
+    def release_quota(self) -> None:
+        admission, self.quota = self.quota, None
+        if admission is not None:
+            admission.release()
+
+    # -- the child -----------------------------------------------------------
+
+    def spawn(
+        self,
+        args: list[Any],
+        executable: Any,
+        *,
+        env: Any,
+        cwd: Any,
+        preexec_fn: Any,
+        close_fds: bool,
+        pass_fds: Sequence[int],
+        stdio: tuple[int, int, int, int, int, int],
+        devnull: int,
+        restore_signals: bool,
+        start_new_session: bool,
+        process_group: int,
+        gid: int | None,
+        gids: Any,
+        uid: int | None,
+        umask: int,
+        handed_over: Callable[[], None],
+    ) -> int:
+        """Acquire this sandbox's resources in order and make the child;
+        returns its pid (0 in a forked callable's child).  `stdio`:
+        subprocess's (p2cread, p2cwrite, c2pread, c2pwrite, errread,
+        errwrite); `handed_over` is called when the core takes charge of
+        closing the child's ends.  Whatever fails, everything taken so far
+        is given back (``_abort``) before the exception propagates."""
+        p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite = stdio
+        p = self.plan
+        implicit_cwd = cwd is None  # a cwd sbxlimit picks must not move "./prog"
+        if p.active and self.policy is not None:
+            env = self.policy.filter_env(os.environ if env is None else env)
+            env.update(proxy_env(self.policy))
+            if cwd is None and self.policy.workdir is not None:
+                cwd = self.policy.workdir
+        pumps: list[Pump] = []
+        ns: _namespaces.Spawn | None = None
+        # What subprocess's _close_pipe_fds would close; the core closes them
+        # right after the child is made, on every path.
+        close_after = [devnull]
+        if p2cread != -1 and p2cwrite != -1 and p2cread != devnull:
+            close_after.append(p2cread)
+        if c2pwrite != -1 and c2pread != -1 and c2pwrite != devnull:
+            close_after.append(c2pwrite)
+        if errwrite != -1 and errread != -1 and errwrite != devnull:
+            close_after.append(errwrite)
+        ours = len(close_after)  # from here on: fds of our own making
+        try:
+            if p.workspace:
+                ws = self.workspace = _workspace.create(self.id)
+                if cwd is None:
+                    cwd = ws
+                env = dict(os.environ if env is None else env)
+                env["TMPDIR"] = os.path.join(ws, "tmp")
+            env_list = None
+            if env is not None:
+                env_list = []
+                for k, v in env.items():
+                    k = os.fsencode(k)
+                    if b"=" in k:
+                        raise ValueError("illegal environment variable name")
+                    env_list.append(k + b"=" + os.fsencode(v))
+            exe = os.fsencode(executable)
+            exec_paths: tuple[bytes, ...] | None
+            if self.target is not None:
+                exec_paths = None  # fork only: the child runs the target
+            elif b"/" in exe:
+                if implicit_cwd and cwd is not None and not os.path.isabs(exe):
+                    # subprocess would find it from the caller's directory.
+                    exe = os.path.abspath(exe)
+                exec_paths = (exe,)
+            else:
+                exec_paths = resolve_executable(
+                    exe,
+                    executable,
+                    env,
+                    child_decides=(cwd is not None or uid is not None or gid is not None),
+                )
+
+            if p.seatbelt:
+                belt = self.belt = self._seatbelt_profile((p2cread, c2pwrite, errwrite))
+                if exec_paths is not None:
+                    exec_paths, args, belt_fds = belt.exec_through(
+                        _seatbelt.HELPER, exec_paths, args
+                    )
+                    pass_fds = (*pass_fds, *belt_fds)
+
+            if p.ns_flags:
+                memory = self.limits.memory if self.limits is not None else None
+                ns = _namespaces.Spawn(
+                    p, self.policy, self.workspace, uid, gid, memory, self.protected
+                )
+
+            pgid = process_group
+            die = self.die_with_parent
+            if die is None:  # default: sandboxes started from the main thread
+                die = p.active and _LINUX and threading.current_thread() is threading.main_thread()
+            pdeathsig = signal.SIGKILL if die else 0
+            self.dies_with_us = bool(pdeathsig)
+            child_out, child_err = c2pwrite, errwrite
+            if p.active:
+                if p.new_session and process_group <= 0:
+                    # A session of its own: no controlling terminal to type
+                    # into, and a group of its own (the tree we can end).
+                    start_new_session, pgid = True, -1
+                elif not start_new_session and process_group == -1:
+                    pgid = 0  # lead a group of our own: the tree we can end
+                if p.output is not None:
+                    child_out, child_err = self._make_pumps(
+                        pumps, close_after, c2pread, c2pwrite, errread, errwrite, devnull
+                    )
+            fail_step, fail_errno = _spawn_mod._fail_at or (0, 0)
+
+            cg_dirfd = -1
+            cg_procs: list[int] = []
+            if p.site is not None:
+                try:
+                    cg = self.cgroup = Cgroup.create(p.site, f"sbx-{self.id}", p.cgroup_settings)
+                    cg_procs = cg.procs_fds()
+                except OSError as e:
+                    raise setup_error("cgroup:create", e.errno or errno.EIO, 0, e.filename) from e
+                cg_dirfd = cg.dirfd
+                close_after += cg_procs
+
+            landlock_fd = -1
+            if p.landlock:
+                assert self.policy is not None
+                where = self.workspace or self.policy.workdir
+                handled, ll_rules = _landlock.rules(
+                    self.policy, where, p.landlock, self.protected, view=p.ro_view
+                )
+                try:
+                    landlock_fd, _n = _core.landlock_ruleset(handled, ll_rules, *p.landlock_net)
+                except OSError as e:
+                    raise setup_error("landlock:ruleset", e.errno or errno.EIO, 0) from e
+                close_after.append(landlock_fd)
+            if ns is not None and ns.child_end >= 0:
+                close_after.append(ns.take_child_end())
+            if ns is not None and ns.status_w >= 0:
+                self.status_fd, status_w = ns.take_status_ends()
+                close_after.append(status_w)
+            self.start = time.monotonic()
+            handed_over()  # the core closes the child's ends from here on
+            ours = -1  # and ours (close_after): closed by the core in every case
+            pid, failure, self.how = _core.spawn(
+                exec_paths,
+                args,
+                env_list,
+                cwd,
+                p2cread,
+                child_out,
+                child_err,
+                close_fds,
+                sorted(set(pass_fds)) if pass_fds else (),
+                close_after,
+                restore_signals and self.target is None,
+                start_new_session,
+                pgid,
+                gids,
+                -1 if gid is None else gid,
+                -1 if uid is None else uid,
+                umask,
+                p.rlimits,
+                pdeathsig,
+                p.no_new_privs,
+                p.drop_caps,
+                p.caps_keep,
+                p.seccomp_what,
+                landlock_fd,
+                ns.args if ns is not None else None,
+                cg_dirfd,
+                cg_procs,
+                preexec_fn,
+                fail_step,
+                fail_errno,
+            )
+            if ns is not None and failure is None and pid != 0:
+                got = ns.receive_fd()  # may be 0: the caller may have closed stdin
+                self.ws_fd = -1 if got is None else got
+            reason = None
+            if failure is None and self.belt is not None and pid != 0:
+                failure, reason = self._belt_started(pid)
+            if failure is not None:
+                step, err_no, detail, self.failed_status = failure
+                raise child_error(
+                    step, err_no, detail, executable=executable, cwd=cwd, reason=reason
+                )
+        except BaseException:
+            # Our own fds in close_after that the core never took.
+            self._abort(pumps, ns, close_after[ours:] if ours >= 0 else ())
+            raise
+        if ns is not None:
+            ns.close()
+        self._pumps = pumps
+        self.leads_group = start_new_session or pgid == 0
+        if pid == 0:  # only with a target: we are the forked child
+            self.run_target(
+                (p2cwrite, c2pread, errread), (p2cread != -1, child_out != -1, child_err != -1)
+            )
+        self.pid = pid
+        return pid
+
+    def _abort(self, pumps: list[Pump], ns: _namespaces.Spawn | None, fds: Sequence[int]) -> None:
+        """Give back, in one place, everything a spawn that did not happen
+        (or whose child failed before exec) took: pumps, our fds, the status
+        pipe, the cgroup, the Seatbelt profile, the namespace sockets, the
+        workspace."""
+        for pump in pumps:
+            pump.discard()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.status_fd >= 0:
+            os.close(self.status_fd)
+            self.status_fd = -1
+        self.release_cgroup()
+        self.close_belt()
+        if ns is not None:
+            ns.close()  # idempotent: the sockets of a spawn that did not happen
+        if self.workspace is not None:
+            _workspace.remove(self.workspace)
+            self.workspace = None
+
+    def run_target(
+        self, parent_ends: tuple[int, ...], redirected: tuple[bool, bool, bool]
+    ) -> NoReturn:
+        """In a fork_only child, set up by the core: run the target and exit
+        with its status, never returning into the caller's frames.  Streams
+        the caller redirected are rebound to fds 0-2 at the Python level too
+        (sys.stdout may be something else, e.g. a test runner's capture)."""
+        code = 1
+        try:
+            # Other spawns' report pipes, copied by this fork: theirs to close.
+            _seatbelt.close_others(self.belt)
+            if self.belt is not None:  # macOS: the body runs under the profile, or not at all
+                self.belt.apply_here()
+            for fd in parent_ends:
+                if fd > 2:
+                    os.close(fd)
+            if redirected[0]:
+                sys.stdin = open(0, closefd=False)  # noqa: SIM115
+            if redirected[1]:
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            if redirected[2]:
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            assert self.target is not None
+            result = self.target()
+            code = result if isinstance(result, int) else 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code & 0xFF)
+
+    # -- the Seatbelt profile (macOS) ----------------------------------------
+
+    def _seatbelt_profile(self, stdio: tuple[int, int, int]) -> Belt:
+        """The profile of this sandbox: its workspace named, the protected
+        paths found for it, and the terminals on its stdio."""
+        policy = self.policy
+        assert policy is not None
+        fds = [fd if fd != -1 else i for i, fd in enumerate(stdio)]
+        profile = policy.seatbelt_profile(
+            workspace=self.workspace or policy.workdir,
+            ttys=terminal_devices(fds),
+            protected=self.protected,
+        )
+        return Belt(profile)
+
+    def _belt_started(self, pid: int) -> tuple[tuple[str, int, int, int] | None, str | None]:
+        """Wait until the profile is in force; a refusal becomes the spawn's
+        failure, with libsandbox's message (the child exits, reaped here)."""
+        assert self.belt is not None
+        got = self.belt.started()
+        self.belt = None
+        if got is None:
+            return None, None
+        step, err, message = got
+        _, status = os.waitpid(pid, 0)
+        return (step, err, 0, status), message or None
+
+    def close_belt(self) -> None:
+        belt, self.belt = self.belt, None
+        if belt is not None:
+            belt.close()
+
+    # -- output pumps --------------------------------------------------------
+
+    _pumps: list[Pump] = []  # noqa: RUF012  (replaced per instance)
+
+    def _make_pumps(
+        self,
+        pumps: list[Pump],
+        close_after: list[int],
+        c2pread: int,
+        c2pwrite: int,
+        errread: int,
+        errwrite: int,
+        devnull: int,
+    ) -> tuple[int, int]:
+        """Put a pump between the child and each capped stream; returns the
+        fds the child writes to.  The pipes' write ends join close_after."""
+        child_out = c2pwrite
+        out = self._pump_for(c2pwrite, c2pread != -1, devnull, 1, "stdout")
+        if out is not None:
+            pumps.append(out[0])
+            close_after.append(out[1])
+            child_out = out[1]
+        if (errwrite != -1 and errwrite == c2pwrite) or (c2pwrite == -1 and errwrite == 1):
+            return child_out, child_out  # stderr=STDOUT: one stream
+        child_err = errwrite
+        err = self._pump_for(errwrite, errread != -1, devnull, 2, "stderr")
+        if err is not None:
+            pumps.append(err[0])
+            close_after.append(err[1])
+            child_err = err[1]
+        return child_out, child_err
+
+    def _pump_for(
+        self, target: int, is_pipe: bool, devnull: int | None, inherited: int, stream: str
+    ) -> tuple[Pump, int] | None:
+        """A pump from a new pipe to the stream's destination; None when the
+        stream goes to /dev/null (nothing to cap)."""
+        if target != -1 and target == devnull:
+            return None
+        p = self.plan
+        assert p.output is not None
+        monitor = get_monitor()
+        dst = os.dup(inherited if target == -1 else target)
+        r = w = -1
+        try:
+            r, w = os.pipe()
+            # The watch is attached once the pid is known.
+            pump = Pump(
+                monitor,
+                None,
+                r,
+                dst,
+                owned_dst=is_pipe,
+                cap=p.output,
+                truncate=p.truncate_output,
+                stream=stream,
+                warn_at=self.warn_at if audit.active() else None,
+            )
+        except BaseException:
+            for fd in (dst, r, w):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        return pump, w
+
+    # -- supervision ---------------------------------------------------------
+
+    def started(self, pid: int, *, piped: bool) -> None:
+        """The child exists: note what we may kill, and hand it to the
+        supervisor where something must be watched."""
+        p = self.plan
+        if p.active and audit.active():
+            self.audit_spawn()
+        if self.leads_group:
+            self.pgid = pid
+            if p.active:
+                self.tree_pgid = pid
+        pumps, self._pumps = self._pumps, []
+        # The supervisor is needed for timers and samples, for pumps, and
+        # to end leftovers at once when someone reads the output: a leftover
+        # holding the pipe would otherwise keep communicate() waiting.
+        quota = self.quota is not None
+        if p.needs_monitor or pumps or (p.active and piped) or quota:
+            self._supervise(pid, pumps, piped or quota)
+        elif self._warns() or (self.ws_fd >= 0 and self._warns_disk()):
+            self._supervise(pid, pumps, piped)
+
+    def _warn_memory(self) -> tuple[int, int, str] | None:
+        if not self._warns():
+            return None
+        assert self.limits is not None and self.limits.memory is not None
+        assert self.warn_at is not None
+        n = self.limits.memory
+        return (int(n * self.warn_at), n, self.plan.enforced.get("memory", ""))
+
+    def _disk_watch(self) -> tuple[str | int, int] | None:
+        """What the supervisor samples for disk: the workspace's path (the
+        watchdog), or the tmpfs's fd (warnings only: the kernel holds it)."""
+        p = self.plan
+        if p.disk is None:
+            return None
+        if self.ws_fd >= 0:
+            # The tmpfs holds a margin past the limit: sampled to end the
+            # sandbox there (tolerated: to note that it was full).
+            return (self.ws_fd, p.disk)
+        path = self.disk_path()
+        return (path, p.disk) if path else None
+
+    def _warns_disk(self) -> bool:
+        return self.warn_at is not None and audit.active()
+
+    def _warns(self) -> bool:
+        """A memory resource_warning is wanted: someone listens to audit
+        events and there is a memory limit to warn about."""
+        lim = self.limits
+        return (
+            self.warn_at is not None
+            and lim is not None
+            and lim.memory is not None
+            and audit.active()
+        )
+
+    def _supervise(self, pid: int, pumps: list[Pump], piped: bool) -> None:
+        p = self.plan
+        monitor = get_monitor()
+        cg = self.cgroup
+        watch = self.watch = Watch(
+            pid=pid,
+            pgid=self.tree_pgid,
+            start=self.start,
+            wall_time=p.wall_time,
+            memory=p.watch_memory,
+            pids=p.watch_pids,
+            grace=p.kill_grace,
+            interval=self.interval,
+            cgroup=cg,
+            cg_ends=p.cg_ends if cg is not None else (),
+            cpu_time=p.watch_cpu_time,
+            reaper=bool(p.ns_flags & CLONE_NEWPID),
+            warn_memory=self._warn_memory(),
+            audit_fields=self.audit_fields() if audit.active() else None,
+            disk=self._disk_watch(),
+            disk_ends=not (p.disk_tmpfs and "disk" in p.tolerate),
+        )
+        for pump in pumps:
+            pump.watch = watch
+            monitor.add_pump(pump)
+        # Output bound for our own pipe is drained by whoever reads it;
+        # elsewhere (a file, the terminal, a foreign pipe) wait() also waits
+        # for the pump to pass the last bytes on.
+        self.flush = [pump for pump in pumps if pump.mode != "nonblock"]
+        if watch.disk is not None and self.warn_at is not None and audit.active():
+            watch.warn_disk = int(watch.disk[1] * self.warn_at)
+        if self.quota is not None:
+            # Room goes back when the program exits, reaped or not.
+            watch.on_exit = self.release_quota
+        timers = p.needs_monitor or watch.next_sample is not None
+        monitor.register(watch, timers=timers, exit=piped or bool(pumps))
+
+    # -- the end ---------------------------------------------------------------
+
+    @property
+    def reaps_carefully(self) -> bool:
+        """Wait for the exit without reaping first (see Popen._try_wait)."""
+        return (
+            self.tree_pgid > 0
+            or self.watch is not None
+            or self.kill_group > 0
+            or self.cgroup is not None
+        )
+
+    def leader_exited(self, now: float) -> None:
+        """The leader exited, not yet reaped (its zombie pins its group id):
+        end what it left behind."""
+        w = self.watch
+        if w is not None:
+            get_monitor().unregister(w)
+            if w.exited_at is not None:
+                now = min(now, w.exited_at)
+        if self.end is None:
+            self.end = now
+        pgid = self.tree_pgid or self.kill_group
+        if self.cgroup is not None:
+            self.cgroup.kill()  # everything it left, wherever it went
+        elif pgid > 0:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def reaped(self, sts: int, rusage: Any, now: float) -> int:
+        """The leader was reaped: keep what the evidence needs; returns the
+        wait status the caller sees (the target's, under a PID 1)."""
+        sts = self._target_status(sts)
+        self.rusage = rusage
+        if self.end is None:
+            self.end = now
+        if self.cgroup is not None:
+            self.release_cgroup()
+        if self.plan.active:  # the reap of a plain Popen stays as it was
+            if self.ws_fd >= 0:
+                self.disk, self.disk_full = _workspace.tmpfs_usage(self.ws_fd)
+            else:
+                disk_path = self.disk_path()
+                if disk_path is not None:
+                    self.disk = _workspace.size(disk_path)
+        return sts
+
+    def _target_status(self, sts: int) -> int:
+        """PID 1's status, or the target's when PID 1 passed it on (PID 1
+        cannot die of a signal of its own; killed, it passes nothing)."""
+        fd, self.status_fd = self.status_fd, -1
+        if fd < 0:
+            return sts
+        try:
+            data = os.read(fd, 16) if _readable(fd) else b""
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
+        return int.from_bytes(data[:4], sys.byteorder, signed=True) if len(data) >= 4 else sts
+
+    def release_cgroup(self) -> None:
+        """The leader is gone: keep the cgroup's final figures, then remove
+        it (or hand it to the supervisor until its last process is gone)."""
+        cg = self.cgroup
+        if cg is None:
+            return
+        self.cgroup = None
+        if self.watch is not None:
+            self.watch.cgroup = None
+        try:
+            self.cgstats = cg.stats(final=True)
+        except OSError:
+            pass
+        # rmdir (a memcg's teardown above all) is the slow part: the
+        # supervisor does it, off the caller's path.  What the leader left
+        # was killed at its exit (leader_exited).
+        get_monitor().retire(cg)
+
+    def exited(self, returncode: int) -> None:
+        """The exit status is known: give the room back, tell the audit."""
+        if self.quota is not None:
+            self.release_quota()
+        if self.plan.active and audit.active():
+            t = self.outcome(returncode, created=True).termination()
+            f = self.audit_fields()
+            audit.emit("exit", observed=returncode, detail=t.reason, **f)
+            if t.is_limit:
+                kw = {"limit": t.limit, "observed": t.observed, "mechanism": t.mechanism}
+                audit.emit("limit_exceeded", field=t.reason, **kw, **f)
+                w = self.watch
+                if w is not None and w.kill is not None:  # the supervisor ended it
+                    audit.emit("killed", field=t.reason, detail="supervisor", **kw, **f)
+
+    # -- the caller's hand -----------------------------------------------------
+
+    def caller_kills(self) -> None:
+        """The caller ends the sandbox (kill_tree(), a cancelled asyncio
+        wait): termination says so, and one `killed` event does."""
+        self.kill_group = self.pgid
+        if self.killed_by_caller:
+            return
+        self.killed_by_caller = True
+        if self.plan.active and audit.active():
+            audit.emit("killed", detail="kill_tree", **self.audit_fields())
+
+    def signal_tree(self, sig: int) -> None:
+        """`sig` to the whole tree: its cgroup, its group, its descendants."""
+        signal_tree(self.pid, sig, self.pgid, self.cgroup)
+
+    # -- usage and evidence ------------------------------------------------------
+
+    def live_usage(self) -> Usage:
+        """What it uses now (it runs)."""
+        w = self.watch
+        wall = time.monotonic() - self.start
+        cg = self.cgroup
+        if cg is not None:
+            return usage(
+                wall=wall, disk=self.live_disk(), final=False, cgroup=cg.stats(evidence=False)
+            )
+        tree = None
+        if _core.HAS_PROCTREE:
+            try:
+                m, t, _procs, cpu_u, cpu_s, _alive = _core.tree_sample(
+                    self.pid, bool(self.plan.ns_flags & CLONE_NEWPID)
+                )
+                tree = (m, t, cpu_u, cpu_s)
+                if w is not None:
+                    warning = w.observe(m, t)
+                    if warning is not None:
+                        audit.emit("resource_warning", **warning)
+            except OSError:
+                pass
+        samples = w.samples() if w is not None else None
+        return usage(wall=wall, disk=self.live_disk(), final=False, samples=samples, tree=tree)
+
+    def outcome(self, returncode: int, *, created: bool) -> Outcome:
+        """The final facts, computed into Usage/Termination only when asked."""
+        o = self._outcome
+        if o is None:
+            w = self.watch
+            evidence = Evidence(
+                program=self.program,
+                returncode=returncode,
+                created=created,
+                wall=(self.end or time.monotonic()) - self.start,
+                rusage=self.rusage,
+                kill=w.kill if w is not None else None,
+                hits=frozenset(w.hits) if w is not None else frozenset(),
+                samples=w.samples() if w is not None else None,
+                killed_by_caller=self.killed_by_caller,
+                cgroup=self.cgstats,
+                disk=self.disk,
+                disk_full=self.disk_full,
+            )
+            o = self._outcome = Outcome(evidence, self.limits, self.enforced)
+        return o
+
+    def termination(self, returncode: int) -> Termination:
+        return self.outcome(returncode, created=True).termination()
+
+    def live_disk(self) -> int | None:
+        if self.ws_fd >= 0:
+            return _workspace.tmpfs_usage(self.ws_fd)[0]
+        path = self.disk_path()
+        return _workspace.size(path) if path is not None else None
+
+    def disk_path(self) -> str | None:
+        """Where `disk` is measured: the private workspace, else workdir."""
+        if self.workspace is not None:
+            return self.workspace
+        pol = self.policy
+        return pol.workdir if pol is not None and self.plan.disk is not None else None
+
+    # -- audit events (sbxlimit.audit) -------------------------------------------
+
+    def audit_fields(self) -> dict[str, Any]:
+        return {"sandbox_id": self.id, "key": self.audit_key, "program": self.program.strip("`")}
+
+    def audit_spawn(self) -> None:
+        p, f = self.plan, self.audit_fields()
+        audit.emit("spawn", **f)
+        for field, reason in {**p.fallbacks, **p.downgrades}.items():
+            held = p.enforced.get(field, "")
+            mech = None if held.startswith("unenforced") else held  # the fallback, if any
+            audit.emit("degraded", field=field, mechanism=mech, detail=reason, **f)
+
+    # -- the workspace -------------------------------------------------------------
+
+    def workspace_view(self) -> str | None:
+        """The workspace as the caller reaches it: the tmpfs through the fd
+        the sandbox handed back, else the directory."""
+        if self.ws_fd >= 0 and self.workspace is not None:
+            return _namespaces.fd_path(self.ws_fd)
+        return self.workspace
+
+    def close_tmpfs(self, copy_to: str | None) -> None:
+        fd, self.ws_fd = self.ws_fd, -1
+        if fd < 0:
+            return
+        try:
+            if copy_to is not None:
+                _namespaces.copy_out(fd, copy_to)
+        finally:
+            os.close(fd)
+
+    def close_workspace(self) -> None:
+        """Remove the private workspace, unless kept (its files copied out
+        of a tmpfs first)."""
+        ws = self.workspace
+        if ws is None:
+            return
+        self.workspace = None
+        keep = self.plan.keep_workspace
+        try:
+            self.close_tmpfs(copy_to=ws if keep else None)
+        finally:
+            if keep:
+                _workspace.forget(ws)
+            else:
+                _workspace.remove(ws)
+
+    def finalize(self, reaped: bool) -> None:
+        """Dropped without close(): the workspace goes with it (if the
+        program was reaped), the tmpfs fd in any case (unless kept)."""
+        ws = self.workspace
+        keep = self.plan.keep_workspace
+        if ws is not None and reaped and not keep:
+            self.workspace = None
+            _workspace.remove(ws)
+        if not keep:  # nobody can read it any more (with keep, close() copies it out)
+            self.close_tmpfs(copy_to=None)
