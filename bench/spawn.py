@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import sbxlimit
 
@@ -51,15 +52,19 @@ def _without_pidns() -> sbxlimit.Limits:
     """LIMITS' twin whose (cached) plan has no PID namespace: the rlimit path
     alone, which the API gives a no-cgroup sandbox only where no namespace
     can be made (or with a Policy(isolate_pids=False))."""
-    from sbxlimit import _enforce
+    from sbxlimit import _namespaces
 
     twin = dataclasses.replace(LIMITS, cpu_time=11)
-    real = _enforce._plan_containment
-    _enforce._plan_containment = lambda p, no_reaper, uid, auto: real(p, "bench", uid, auto)
+    real = _namespaces.plan_pid_namespace
+
+    def no_reaper(p: Any, r: Any) -> None:
+        real(p, dataclasses.replace(r, no_reaper="bench"))
+
+    _namespaces.plan_pid_namespace = no_reaper
     try:
         sbxlimit.run([TRUE], limits=twin, cgroup_parent="none")
     finally:
-        _enforce._plan_containment = real
+        _namespaces.plan_pid_namespace = real
     return twin
 
 
@@ -104,7 +109,7 @@ def other_variants() -> dict[str, Callable[[], object]]:
 def ns_variants() -> dict[str, Callable[[], object]]:
     """The Policy's protections, one at a time, each with workdir="/" so
     that only the tmpfs variant pays for a private workspace."""
-    from sbxlimit._enforce import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
+    from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 
     pol = sbxlimit.Policy(workdir="/")
     v: dict[str, Callable[[], object]] = {

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 
 from . import _core
 from ._cgroupfs import mounts, own_cgroups
+from ._plan import Holder, Plan, Request
 
 __all__ = [
     "GROUP_DIR",
@@ -75,6 +76,16 @@ class Site:
     @property
     def label(self) -> str:
         return f"cgroup{self.version}"
+
+
+NO_SITE = Site(0, reason="cgroups not considered")
+
+
+def why_not(site: Site, controller: str) -> str:
+    """Why no cgroup holds limits of `controller` here."""
+    if site.version:
+        return f"the {controller} controller is not available here ({site.reason})"
+    return f"no cgroup can be used: {site.reason}"
 
 
 def _read(path: str) -> str:
@@ -656,3 +667,76 @@ def _write_quiet(path: str, value: str) -> None:
             f.write(value)
     except OSError:
         pass
+
+
+# -- planning: the limits a cgroup holds (_platform lists these) -------------
+
+
+def plan_cpu_time(p: Plan, r: Request) -> None:
+    """The whole sandbox's CPU, from the cgroup's counter (every process,
+    reaped ones included), beside RLIMIT_CPU."""
+    from . import _rlimits
+
+    site = r.site
+    if r.limits is None or r.limits.cpu_time is None or not p.takes("cpu_time"):
+        return
+    if site.version == 2 or any(c == "cpuacct" for c, _d in site.parents):
+        whole = f"{site.label}:" + ("cpu.stat" if site.version == 2 else "cpuacct.usage")
+        p.cg_ends += (("cpu_time", r.limits.cpu_time, whole),)
+        _rlimits.plan_cpu_time(p, r, whole)
+
+
+def plan_memory(p: Plan, r: Request) -> None:
+    lim, site = r.limits, r.site
+    if lim is None or lim.memory is None or not site.has("memory") or not p.takes("memory"):
+        return
+    n = lim.memory
+    if site.version == 2:
+        settings = [("", "memory.max", str(n)), ("", "memory.swap.max", "0")]
+        if "memory" not in lim.tolerate:
+            # The sandbox dies as a whole, not one process of it.
+            settings.append(("", "memory.oom.group", "1"))
+        mech = "cgroup2:memory.max"
+    else:
+        settings = [("memory", "memory.limit_in_bytes", str(n))]
+        if site.swap:
+            settings.append(("memory", "memory.memsw.limit_in_bytes", str(n)))
+        mech = "cgroup1:memory.limit_in_bytes"
+    p.cgroup_settings += tuple(settings)
+    p.hold("memory", mech)
+    p.memory_by = Holder.CGROUP
+    if "memory" not in lim.tolerate:
+        p.cg_ends += (("memory", n, mech),)
+
+
+def plan_pids(p: Plan, r: Request) -> None:
+    lim, site = r.limits, r.site
+    if lim is None or lim.pids is None or not site.has("pids") or not p.takes("pids"):
+        return
+    p.cgroup_settings += (("" if site.version == 2 else "pids", "pids.max", str(lim.pids)),)
+    mech = f"{site.label}:pids.max"
+    p.hold("pids", mech)
+    p.pids_by = Holder.CGROUP
+    if "pids" not in lim.tolerate:
+        p.cg_ends += (("pids", lim.pids, mech),)
+
+
+def plan_cpu(p: Plan, r: Request) -> None:
+    """A CPU rate: a quota per 100 ms period (the kernel's minimum quota is
+    1 ms).  Nothing else can hold it."""
+    lim, site = r.limits, r.site
+    if lim is None or lim.cpu is None:
+        return
+    if not site.has("cpu"):
+        p.downgrade("cpu", why_not(site, "cpu"))
+        return
+    quota = max(1000, lim.cpu * 100)
+    if site.version == 2:
+        p.cgroup_settings += (("", "cpu.max", f"{quota} 100000"),)
+        p.hold("cpu", "cgroup2:cpu.max")
+    else:
+        p.cgroup_settings += (
+            ("cpu", "cpu.cfs_period_us", "100000"),
+            ("cpu", "cpu.cfs_quota_us", str(quota)),
+        )
+        p.hold("cpu", "cgroup1:cpu.cfs_quota_us")

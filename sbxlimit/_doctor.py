@@ -4,7 +4,7 @@ Every check really uses the mechanism (in a short-lived child where trying
 has side effects, each with a timeout) instead of reading a flag.  The
 report's summary says, for each Limits field and Policy protection, which
 mechanism would hold it here: the very strings ``Popen.enforced`` uses,
-because both come from ``_enforce.plan``.
+because both come from ``_plan.plan``.
 """
 
 from __future__ import annotations
@@ -23,18 +23,16 @@ from typing import Any
 from . import _core
 from ._cgroup import discover
 from ._cgroupfs import mounts, own_cgroups, v2_mount
-from ._enforce import (
+from ._limits import Limits
+from ._namespaces import namespaces, userns_blockers
+from ._plan import UNENFORCED, plan
+from ._platform import (
     CLONE_NEWNET,
     CLONE_NEWNS,
     CLONE_NEWPID,
     CLONE_NEWUSER,
-    UNENFORCED,
     can_raise_hard_limits,
-    namespaces,
-    plan,
-    userns_blockers,
 )
-from ._limits import Limits
 from ._policy import Policy
 
 __all__ = ["Check", "Report", "doctor"]

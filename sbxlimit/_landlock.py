@@ -1,4 +1,5 @@
-"""Landlock file rules from a Policy (Linux 5.13+; ABI probed at run time).
+"""Landlock (Linux 5.13+; ABI probed at run time): the file rules from a
+Policy, its TCP rules and scopes, and the planners of what it holds.
 
 Reads are allowed everywhere except ``deny_read``; writes only beneath the
 workspace, ``writable_roots`` and the device nodes a shell needs, minus
@@ -20,10 +21,27 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from . import _core
+from ._plan import Plan, Request
+from ._platform import CLONE_NEWNET, CLONE_NEWPID
 from ._policy import Policy
 from ._protected import within
 
-__all__ = ["handled_rights", "rules", "subtract", "writable_rights"]
+__all__ = [
+    "CONNECT_TCP",
+    "TCP",
+    "handled_rights",
+    "plan_abi",
+    "plan_scopes",
+    "rules",
+    "subtract",
+    "writable_rights",
+]
+
+# Network rules (ABI 4) and scopes (ABI 6).
+BIND_TCP, CONNECT_TCP = 1, 2
+TCP = BIND_TCP | CONNECT_TCP
+SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1, 2
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 MAKE_CHAR, MAKE_BLOCK = 1 << 6, 1 << 11
@@ -131,3 +149,54 @@ def rules(
     out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes)]
     out += [(d, DEVICE) for d in DEVICES]
     return handled, out
+
+
+# -- planning (_platform lists these) ------------------------------------------
+
+
+def plan_abi(p: Plan, r: Request) -> None:
+    """The ABI the file rules (and, from ABI 4, the TCP rules) use."""
+    if r.policy is None:
+        return
+    abi = _core.landlock_abi()
+    if abi >= 1:
+        p.landlock = abi
+        # landlock_restrict_self needs no_new_privs (or CAP_SYS_ADMIN),
+        # whatever `harden` says.
+        p.no_new_privs = True
+
+
+def plan_scopes(p: Plan, r: Request) -> None:
+    """Signals and abstract unix sockets: Landlock's scopes (ABI 6) hold
+    them to the sandbox's own processes; a PID or network namespace hides
+    the rest, the filter at least keeps the caller out of reach."""
+    if r.policy is None:
+        return
+    scoped = p.landlock >= 6
+    if scoped:
+        h, a, ports, _ = p.landlock_net
+        p.landlock_net = (h, a, ports, SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL)
+    own = "its own processes only"
+    if scoped:
+        p.hold("signals", f"landlock:abi{p.landlock} scope", own)
+    elif p.ns_flags & CLONE_NEWPID:
+        p.hold("signals", "pidns", "it sees only its own processes")
+    elif p.seccomp:
+        gap = (
+            "the caller and kill(-1) are refused, other processes of the same user are not "
+            f"(Landlock ABI 6 scopes signals; ABI {max(p.landlock, 0)} here)"
+        )
+        p.hold("signals", "seccomp:caller", gap)
+        p.fallbacks["signals"] = gap
+    else:
+        p.downgrade("signals", "neither Landlock ABI 6 nor a seccomp filter here")
+    if scoped:
+        p.hold("abstract_sockets", f"landlock:abi{p.landlock} scope", own)
+    elif p.ns_flags & CLONE_NEWNET:
+        p.hold("abstract_sockets", "netns", "a namespace of its own")
+    else:
+        p.downgrade(
+            "abstract_sockets",
+            f"host abstract unix sockets are reachable: Landlock ABI 6 scopes them "
+            f"(ABI {max(p.landlock, 0)} here)",
+        )

@@ -1,5 +1,8 @@
-"""Linux namespaces for one sandbox: the ``ns`` argument of ``_core.spawn``,
-the read-only view's entries, and the size-capped workspace's hand-back.
+"""Linux namespaces for one sandbox: whether they can be made here (the
+probes), the planners of what they hold (``disk`` as a size-capped tmpfs,
+the read-only view that holds ``files``, ``network="deny"``, a PID
+namespace), the ``ns`` argument of ``_core.spawn``, the view's entries, and
+the size-capped workspace's hand-back.
 
 The child makes the namespaces (csrc/linux/namespaces.c); this module only
 prepares what it needs in the parent.  A tmpfs mounted in the child's own
@@ -12,19 +15,347 @@ and the parent keeps it, so the workspace stays readable (through
 from __future__ import annotations
 
 import array
+import dataclasses
+import functools
 import os
 import shutil
 import socket
 import warnings
 from collections.abc import Iterable
 
-from . import _core
-from ._enforce import CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER, Plan
+from . import _core, _landlock, _platform, _seccomp, _watchdog
+from ._errors import ConfigError
 from ._landlock import writable_rights
+from ._plan import Plan, Request
+from ._platform import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER
 from ._policy import Policy
-from ._protected import within
+from ._protected import MAX_DEPTH, within
 
-__all__ = ["REAPER", "Spawn", "copy_out", "fd_path", "view"]
+__all__ = [
+    "CLONE_NEWNET",
+    "CLONE_NEWNS",
+    "CLONE_NEWPID",
+    "CLONE_NEWUSER",
+    "REAPER",
+    "Namespaces",
+    "Spawn",
+    "copy_out",
+    "fd_path",
+    "namespaces",
+    "plan_disk",
+    "plan_files",
+    "plan_network",
+    "plan_pid_namespace",
+    "userns_blockers",
+    "view",
+]
+
+
+# -- can they be made here? ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Namespaces:
+    """Whether namespaces can be made here, and how."""
+
+    ok: bool
+    user: bool = False  # through an unprivileged user namespace
+    reason: str = ""
+
+    def label(self, kind: str) -> str:
+        return f"userns+{kind}" if self.user else kind
+
+
+@functools.cache
+def namespaces(flags: int, view: bool = False) -> Namespaces:
+    """Try `flags` (CLONE_NEW*) for real, in a child: directly where we hold
+    CAP_SYS_ADMIN, else inside an unprivileged user namespace (uid/gid
+    mapped to our own); with `view`, also the read-only view's mount calls
+    (csrc/linux/namespaces.c).  ``SBXLIMIT_NAMESPACES=0`` turns them off (a
+    container whose seccomp profile kills on unshare, or to use the
+    fallbacks on purpose)."""
+    if os.environ.get("SBXLIMIT_NAMESPACES") == "0":
+        return Namespaces(False, reason="namespaces turned off (SBXLIMIT_NAMESPACES=0)")
+    kind = _core.PROBE_RO_VIEW if view else _core.PROBE_NAMESPACES
+    if _platform.capability(_platform.CAP_SYS_ADMIN):
+        err = _core.probe(kind, flags, 2000)
+        if err == 0:
+            return Namespaces(True)
+        if view and namespaces(flags).ok:
+            return _no_view(err)
+    err = _core.probe(kind, flags | CLONE_NEWUSER, 2000)
+    if err == 0:
+        return Namespaces(True, user=True)
+    if view and namespaces(flags).ok:
+        return _no_view(err)
+    why = (
+        _userns_blocked() or f"setting up an unprivileged user namespace failed: {os.strerror(err)}"
+    )
+    return Namespaces(False, reason=why)
+
+
+def _no_view(err: int) -> Namespaces:
+    """The namespace works, the read-only view's mount calls do not."""
+    return Namespaces(
+        False,
+        reason="the read-only view needs open_tree, move_mount and mount_setattr "
+        f"(Linux 5.12): {os.strerror(err)}",
+    )
+
+
+# sysctl, the value that blocks unprivileged user namespaces, the fix
+# (doctor's user_namespace row uses the same table).
+USERNS_BLOCKERS = (
+    ("kernel.unprivileged_userns_clone", "0", "1"),
+    ("user.max_user_namespaces", "0", "10000"),
+    ("kernel.apparmor_restrict_unprivileged_userns", "1", "0"),
+)
+
+
+def userns_blockers() -> list[tuple[str, str, str]]:
+    """The (sysctl, its value, the fix) that forbid unprivileged user
+    namespaces here."""
+    found = []
+    for name, bad, good in USERNS_BLOCKERS:
+        try:
+            with open("/proc/sys/" + name.replace(".", "/")) as f:
+                if f.read().strip() == bad:
+                    found.append((name, bad, good))
+        except OSError:
+            continue
+    return found
+
+
+def _userns_blocked() -> str:
+    """Why unprivileged user namespaces are forbidden here, if a knob says."""
+    found = userns_blockers()
+    if not found:
+        return ""
+    knobs = ", ".join(f"{name}={bad}" for name, bad, _good in found)
+    apparmor = any("apparmor" in name for name, _b, _g in found)
+    extra = " (AppArmor: Ubuntu 24.04's default)" if apparmor else ""
+    return f"unprivileged user namespaces are disabled: sysctl {knobs}{extra}"
+
+
+def _take(p: Plan, flags: int, ns: Namespaces) -> None:
+    p.ns_flags |= flags
+    p.user_ns = p.user_ns or ns.user
+
+
+# -- planning: what namespaces hold (_platform lists these) --------------------
+
+
+def plan_disk(p: Plan, r: Request) -> None:
+    """A tmpfs of that size over the private workspace, in a mount namespace
+    of the child's: writes past it fail.  Else the disk watchdog."""
+    lim = r.limits
+    if lim is None or lim.disk is None or not p.takes("disk"):
+        return
+    private = r.policy is None or r.policy.workdir is None
+    if not private:
+        _watchdog.plan_disk(p, r)
+        return
+    ns = namespaces(CLONE_NEWNS)
+    if not ns.ok:
+        _watchdog.plan_disk(p, r, no_tmpfs=ns.reason)
+        return
+    n = p.disk = lim.disk
+    p.workspace = True
+    p.disk_tmpfs = True
+    p.tmpfs_size = n if "disk" in lim.tolerate else n + max(1 << 20, n // 16)
+    _take(p, CLONE_NEWNS, ns)
+    if "disk" in lim.tolerate:
+        p.hold(
+            "disk",
+            f"{ns.label('mountns')}+tmpfs:size",
+            "writes past it fail with ENOSPC; memory-backed: its pages count toward the memory "
+            "limit",
+        )
+    else:
+        p.hold(
+            "disk",
+            f"{ns.label('mountns')}+tmpfs:size+watchdog:disk",
+            "the tmpfs holds the limit + 1/16, at least 1 MiB; past the limit the sandbox is "
+            "ended; memory-backed: its pages count toward the memory limit",
+        )
+
+
+def plan_files(p: Plan, r: Request) -> None:
+    """The read-only view where a mount namespace can be made, Landlock on
+    top (or alone)."""
+    policy = r.policy
+    if policy is None:
+        return
+    view = namespaces(CLONE_NEWNS, view=True)
+    held = []
+    if view.ok:
+        if len(policy.writable_roots) >= _core.VIEW_MAX_RW:
+            raise ConfigError(
+                "Policy.writable_roots",
+                f"{len(policy.writable_roots)} paths",
+                f"at most {_core.VIEW_MAX_RW - 1} on Linux (name a common parent instead)",
+            )
+        p.ro_view = True
+        _take(p, CLONE_NEWNS, view)
+        held.append(view.label("mountns") + ":ro-view")
+    if p.landlock >= 1:
+        held.append(f"landlock:abi{p.landlock}")
+    what = [
+        "reads everywhere but deny_read; writes: workspace, writable_roots, terminal and "
+        "null devices, a private /dev/shm"
+    ]
+    if not held:
+        why = f"Landlock is not available (Linux 5.13+) and no mount namespace: {view.reason}"
+        p.downgrade("files", why)
+        if policy.protect_dotfiles:
+            p.downgrade("protect_dotfiles", why)
+        return
+    if not p.ro_view:
+        # Landlock alone: it has no right for metadata, nor for connecting
+        # to a unix socket (deny_read hides its contents, not the socket).
+        gap = (
+            "chmod, chown, utime and xattrs outside the writable roots, and connects to unix "
+            f"sockets under deny_read, are not refused: no mount namespace ({view.reason})"
+        )
+        p.fallbacks["files"] = gap
+        what.append(gap)
+    p.hold("files", "+".join(held), *what)
+    if policy.protect_dotfiles:
+        which = (
+            "HOME's dotfiles; .git/hooks and .git/config of the repositories up to "
+            f"{MAX_DEPTH} levels below each writable root"
+        )
+        if p.ro_view:
+            p.hold("protect_dotfiles", held[0], f"bound read-only: {which}")
+        else:
+            p.hold(
+                "protect_dotfiles",
+                held[0],
+                f"carved: {which}",
+                "no new entry can be made in a directory on the way to one, so git cannot "
+                "write in those .git directories",
+            )
+
+
+def plan_network(p: Plan, r: Request) -> None:
+    """ "deny" is a network namespace of the child's own (only its loopback)
+    where one can be made, else Landlock TCP rules plus seccomp socket
+    rules; "proxy" keeps the host's loopback (where the proxies listen) and
+    allows TCP connects to proxy_ports only."""
+    policy = r.policy
+    if policy is None or policy.network == "allow":
+        return
+    filt = _core.HAS_SECCOMP and _seccomp.seccomp_works()
+    abi = p.landlock
+    tcp = abi >= 4
+    if policy.network == "deny":
+        ns = namespaces(CLONE_NEWNET)
+        if ns.ok:
+            _take(p, CLONE_NEWNET, ns)
+            mech = ns.label("netns")
+            if filt:
+                # A namespace does not cut vsock off (it reaches the
+                # hypervisor), nor packet or netlink sockets of the host's
+                # other families: only unix, inet and netlink routes.
+                p.seccomp_net = _core.SECCOMP_FAMILIES
+                p.no_new_privs = True
+                mech += "+seccomp:socket families"
+            p.hold("network", mech, "a network namespace of its own: loopback only")
+            return
+        if not filt and not tcp:
+            p.downgrade(
+                "network",
+                f"no network namespace ({ns.reason}), no seccomp filter and no Landlock TCP "
+                "rules (ABI 4, Linux 6.7)",
+            )
+            return
+        held = []
+        if tcp:
+            # Handled with no port allowed: every TCP bind and connect,
+            # inherited sockets included.  Abstract unix sockets reach the
+            # host's services too: scoped from ABI 6.
+            p.landlock_net = (_landlock.TCP, 0, (), 0)
+            held.append(f"landlock:abi{abi} tcp")
+        if filt:
+            p.seccomp_net = _core.SECCOMP_NET_DENY
+            p.no_new_privs = True
+            held.append("seccomp:socket")
+        notes = [f"no network namespace: {ns.reason}"]
+        if not filt:
+            # Landlock holds TCP only: UDP would still get out.
+            gap = "no seccomp filter here, so UDP and other non-TCP sockets are not refused"
+            notes.append(gap)
+            p.fallbacks["network"] = gap
+        if not tcp:
+            notes.append("sockets it inherited keep working (no Landlock TCP rules before ABI 4)")
+        p.hold("network", "+".join(held), *notes)
+        return
+    # proxy
+    if not (filt and tcp):
+        missing = "Landlock TCP rules (ABI 4, Linux 6.7)" if not tcp else "a seccomp filter"
+        p.downgrade("network", f"network='proxy' needs {missing}, not available here")
+        return
+    p.landlock_net = (_landlock.TCP, _landlock.CONNECT_TCP, policy.proxy_ports, 0)
+    p.seccomp_net = _core.SECCOMP_NET_PROXY
+    p.no_new_privs = True
+    ports = ",".join(str(x) for x in policy.proxy_ports)
+    p.hold(
+        "network",
+        f"landlock:abi{abi} tcp connect to {ports}+seccomp:socket (TCP only)",
+        "ports are matched, not addresses: keep proxy ports off the outside network",
+    )
+
+
+def plan_pid_namespace(p: Plan, r: Request) -> None:
+    """isolate_pids=True: a PID namespace, or unenforced.  Else, without a
+    cgroup, a PID namespace by default (``isolate_pids=None``): a process
+    that double-forks and changes session leaves the tree the watchdog
+    walks, but not the namespace, which the kernel empties when the program
+    ends.  Where the program cannot run under a reaper (``no_reaper`` says
+    why), it keeps the walk."""
+    policy = r.policy
+    if policy is not None and policy.isolate_pids:
+        pidns = namespaces(CLONE_NEWPID | CLONE_NEWNS)
+        if pidns.ok:
+            _take(p, CLONE_NEWPID | CLONE_NEWNS, pidns)
+            p.hold(
+                "isolate_pids",
+                pidns.label("pidns"),
+                "the program is PID 2 under a reaper as PID 1; everything left in it dies with it",
+            )
+        else:
+            p.downgrade("isolate_pids", pidns.reason)
+        return
+    if p.site is not None:
+        return
+    auto = policy is None or policy.isolate_pids is None
+    walk = "tree walk"
+    caveat = "process group and descendants; a double fork that changes session escapes"
+    ns = namespaces(CLONE_NEWPID | CLONE_NEWNS) if auto and not r.no_reaper else None
+    why = ""
+    if not auto:
+        why = "isolate_pids=False"
+    elif ns is None:
+        why = r.no_reaper
+    elif not ns.ok:
+        why = f"no PID namespace: {ns.reason}"
+        p.fallbacks["kill_tree"] = why  # weaker than SPEC's promise: strict refuses
+    elif ns.user and r.uid != os.geteuid():
+        # Only our own uid maps into an unprivileged user namespace: the
+        # change of user fails as it would without one (EPERM), not there.
+        why = f"a user namespace maps only uid {os.geteuid()}, and user= asks for {r.uid}"
+    if why:
+        p.hold("kill_tree", f"{walk} ({caveat}); {why}")
+        return
+    assert ns is not None
+    _take(p, CLONE_NEWPID | CLONE_NEWNS, ns)
+    p.hold(
+        "kill_tree",
+        ns.label("pidns"),
+        "no cgroup: the program is PID 2 under a reaper as PID 1, and everything left in the "
+        "namespace dies with it",
+    )
+
 
 View = list[tuple[int, bytes, bytes]]
 

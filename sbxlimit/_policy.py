@@ -1,7 +1,7 @@
 """``Policy``: what a sandbox may touch (SPEC section 3).
 
 This module validates and normalises; which protections a platform can hold
-is decided by ``_enforce.plan`` and reported in ``Popen.enforced``.
+is decided by ``_plan.plan`` and reported in ``Popen.enforced``.
 """
 
 from __future__ import annotations

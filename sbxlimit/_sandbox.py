@@ -39,11 +39,12 @@ from typing import Any, NoReturn
 from . import _core, _landlock, _namespaces, _protected, _seatbelt, _workspace, audit
 from . import _spawn as _spawn_mod
 from ._cgroup import Cgroup, CgroupStats, discover, warn_explicit_site
-from ._enforce import CLONE_NEWPID, Plan, plan, warn_downgrades
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
 from ._monitor import Pump, Watch, get_monitor, signal_tree
+from ._plan import Held, Plan, plan, warn_downgrades
+from ._platform import CLONE_NEWPID
 from ._policy import Policy
 from ._seatbelt import Belt, proxy_env, terminal_devices
 from ._spawn import child_error, resolve_executable
@@ -229,10 +230,9 @@ class Sandbox:
         links = _protected.replaceable_links(home, pol.writable_roots) if p.ro_view else []
         if links:
             notes.append(f"a link to a directory, so it can be replaced: {', '.join(links)}")
-        if notes:
-            held, said = p.enforced["protect_dotfiles"], "; ".join(notes)
-            held = f"{held[:-1]}; {said})" if held.endswith(")") else f"{held} ({said})"
-            self.notes = {"protect_dotfiles": held}
+        held = p.held["protect_dotfiles"]
+        if notes and isinstance(held, Held):
+            self.notes = {"protect_dotfiles": str(held.noting(*notes))}
 
     def release_quota(self) -> None:
         admission, self.quota = self.quota, None
@@ -854,7 +854,7 @@ class Sandbox:
                 disk=self.disk,
                 disk_full=self.disk_full,
             )
-            o = self._outcome = Outcome(evidence, self.limits, self.enforced)
+            o = self._outcome = Outcome(evidence, self.limits, self.enforced, self.plan.memory_by)
         return o
 
     def termination(self, returncode: int) -> Termination:
@@ -882,8 +882,8 @@ class Sandbox:
         p, f = self.plan, self.audit_fields()
         audit.emit("spawn", **f)
         for field, reason in {**p.fallbacks, **p.downgrades}.items():
-            held = p.enforced.get(field, "")
-            mech = None if held.startswith("unenforced") else held  # the fallback, if any
+            held = p.held.get(field)
+            mech = str(held) if isinstance(held, Held) else None  # the fallback, if any
             audit.emit("degraded", field=field, mechanism=mech, detail=reason, **f)
 
     # -- the workspace -------------------------------------------------------------

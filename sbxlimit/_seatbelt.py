@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import _core
+from ._plan import Plan, Request
 from ._policy import Policy
 
-__all__ = ["HELPER", "Belt", "close_others", "proxy_env", "terminal_devices"]
+__all__ = ["HELPER", "Belt", "close_others", "plan_seatbelt", "proxy_env", "terminal_devices"]
 
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_seatbelt_exec")
 _EXIT_SETUP = 126  # what a child that reported a failure exits with
@@ -155,3 +156,42 @@ def proxy_env(policy: Policy) -> dict[str, str]:
     url = f"http://127.0.0.1:{policy.proxy_ports[0]}"
     names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
     return {**{n: url for n in names}, **{n.lower(): url for n in names}}
+
+
+_SEATBELT = "seatbelt:sandbox_init"
+
+
+def plan_seatbelt(p: Plan, r: Request) -> None:
+    """macOS: one Seatbelt profile holds files, dotfiles, network and Unix
+    sockets; it always limits writes (its workspace, writable_roots)."""
+    policy = r.policy
+    if policy is None:
+        return
+    asked = []
+    if policy.writable_roots or policy.deny_read or policy.deny_write:
+        asked.append("files")
+    if policy.protect_dotfiles:
+        asked.append("protect_dotfiles")
+    if policy.network != "allow":
+        asked.append("network")
+    if not os.access(HELPER, os.X_OK):
+        for field in asked or ["files"]:
+            p.downgrade(field, f"{HELPER} is missing (sbxlimit was installed without it)")
+        return
+    p.seatbelt = True
+    p.hold(
+        "files",
+        _SEATBELT,
+        "writes: its workspace, writable_roots; other sandboxes' workspaces neither read nor "
+        "written",
+    )
+    for field in asked:
+        if field != "files":
+            p.hold(field, _SEATBELT)
+    sockets = ", ".join(policy.unix_sockets) if policy.unix_sockets else "none"
+    p.hold(
+        "unix_sockets",
+        _SEATBELT,
+        "connects only to its workspace's sockets, the system's logging and name-resolution "
+        f"sockets and unix_sockets: {sockets}",
+    )

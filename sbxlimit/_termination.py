@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._evidence import Evidence, KillRecord, Usage, usage
+from ._plan import Holder
 from ._units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def _limit_message(
         "was stopped by SIGXFSZ",
         "pids": f"{program} tried to run more than {cap} processes and threads, its limit; "
         f"the kernel refused {detail} of its forks and thread starts"
-        if mechanism.startswith("cgroup")
+        if detail.isdigit()
         else f"{program} ran {used} processes and threads; its limit is {cap}, so the "
         "sandbox was killed",
         "disk": f"{program} wrote {used} into its workspace; its limit is {cap}",
@@ -201,6 +202,7 @@ def classify(
     disk_limit: int | None = None,
     disk_full: bool = False,
     tolerate: Iterable[str] = (),
+    memory_by: Holder = Holder.NONE,
 ) -> Termination:
     """Decide why a sandbox ended, from evidence only.
 
@@ -271,11 +273,10 @@ def classify(
     if disk_full and disk_limit is not None and failed:
         # The same mechanism the supervisor's kill names (see _monitor).
         return ended("disk", disk_limit, usage.disk, "tmpfs:size")
-    mem_mech = enforced.get("memory", "")
     if (
         failed
         and memory_limit is not None
-        and "RLIMIT_DATA" in mem_mech
+        and memory_by is Holder.RLIMIT
         and usage.memory_peak is not None
         and usage.memory_peak >= memory_limit * DATA_EVIDENCE
     ):
@@ -327,12 +328,19 @@ class Outcome:
     """A reaped sandbox's evidence, turned into Usage and Termination only
     when someone asks (and then once)."""
 
-    __slots__ = ("_termination", "_usage", "enforced", "evidence", "limits")
+    __slots__ = ("_termination", "_usage", "enforced", "evidence", "limits", "memory_by")
 
-    def __init__(self, evidence: Evidence, limits: Limits | None, enforced: dict[str, str]) -> None:
+    def __init__(
+        self,
+        evidence: Evidence,
+        limits: Limits | None,
+        enforced: dict[str, str],
+        memory_by: Holder = Holder.NONE,
+    ) -> None:
         self.evidence = evidence
         self.limits = limits
         self.enforced = enforced
+        self.memory_by = memory_by
         self._usage: Usage | None = None
         self._termination: Termination | None = None
 
@@ -370,5 +378,6 @@ class Outcome:
                 disk_limit=lim.disk if lim else None,
                 disk_full=e.disk_full,
                 tolerate=lim.tolerate if lim else (),
+                memory_by=self.memory_by,
             )
         return self._termination

@@ -1,4 +1,5 @@
-"""Private workspaces: a 0700 directory per sandbox, its cwd and TMPDIR.
+"""Private workspaces: a 0700 directory per sandbox, its cwd and TMPDIR,
+and the planners of ``workspace``.
 
 Named ``sbxlimit-<sandbox id>-*`` in the temp directory, so that ``sbxlimit
 gc`` finds what a crashed supervisor left.  What the program writes there
@@ -18,10 +19,37 @@ import stat
 import tempfile
 import threading
 
-__all__ = ["create", "forget", "remove", "size", "tmpfs_usage"]
+from ._plan import Plan, Request
+
+__all__ = [
+    "create",
+    "forget",
+    "plan_workdir",
+    "plan_workspace",
+    "remove",
+    "size",
+    "tmpfs_usage",
+]
 
 _live: set[str] = set()
 _lock = threading.Lock()
+
+
+def plan_workspace(p: Plan, r: Request) -> None:
+    """Policy(workdir=None): a private workspace, removed at close unless
+    kept."""
+    if r.policy is None or r.policy.workdir is not None:
+        return
+    p.workspace = True
+    p.keep_workspace = r.policy.keep_workdir
+    p.hold("workspace", "supervisor:workspace", "private 0700 directory, cwd and TMPDIR")
+
+
+def plan_workdir(p: Plan, r: Request) -> None:
+    """Policy(workdir=path): used as given."""
+    if r.policy is None or r.policy.workdir is None:
+        return
+    p.hold("workspace", "supervisor:workdir", "used as given, not removed")
 
 
 def create(sandbox_id: str) -> str:

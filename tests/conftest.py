@@ -69,14 +69,14 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
 @pytest.fixture
 def no_namespaces(monkeypatch):
     """Sandboxes planned as where no namespace can be made."""
-    from sbxlimit import _enforce
+    from sbxlimit import _namespaces, _plan
 
     monkeypatch.setenv("SBXLIMIT_NAMESPACES", "0")
-    _enforce.namespaces.cache_clear()
-    _enforce._cache.clear()
+    _namespaces.namespaces.cache_clear()
+    _plan._cache.clear()
     yield
-    _enforce.namespaces.cache_clear()
-    _enforce._cache.clear()
+    _namespaces.namespaces.cache_clear()
+    _plan._cache.clear()
 
 
 def tagged_sleep() -> str:
@@ -229,9 +229,9 @@ def no_leaks():
 def fresh_downgrade_warnings():
     """Downgrade warnings come once per process: each test starts with none
     given yet, so that what one test triggers cannot silence another's."""
-    from sbxlimit import _enforce
+    from sbxlimit import _plan
 
-    _enforce._warned.clear()
+    _plan._warned.clear()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import sbxlimit
 import sbxlimit.asyncio as sa
 from sbxlimit import audit
-from sbxlimit._enforce import CLONE_NEWNS, namespaces
+from sbxlimit._namespaces import CLONE_NEWNS, namespaces
 
 PY = sys.executable
 SECRET = "s3cr3t-t0ken-do-not-leak"

@@ -16,7 +16,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit._cgroup import discover
-from sbxlimit._enforce import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
+from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._testing import fail_child_at
 
 from .conftest import holds, why_not

@@ -29,8 +29,9 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits, Policy
-from sbxlimit._enforce import CLONE_NEWNET, CLONE_NEWNS, namespaces, seccomp_works
 from sbxlimit._forked import ForkedSandbox
+from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, namespaces
+from sbxlimit._seccomp import seccomp_works
 
 from .conftest import alive, privileges, wait_gone, why_not
 

@@ -17,7 +17,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Policy
-from sbxlimit._enforce import CLONE_NEWNS, namespaces
+from sbxlimit._namespaces import CLONE_NEWNS, namespaces
 
 LINUX = sys.platform.startswith("linux")
 VIEW = namespaces(CLONE_NEWNS, view=True) if LINUX else None

@@ -24,7 +24,7 @@ import tempfile
 import pytest
 
 import sbxlimit
-from sbxlimit import Limits, Policy, _core, _enforce, _seatbelt
+from sbxlimit import Limits, Policy, _core, _plan, _platform, _seatbelt
 from sbxlimit._forked import ForkedSandbox
 
 MACOS = sys.platform == "darwin"
@@ -59,9 +59,8 @@ def fake_macos(fake_libsandbox, tmp_path, monkeypatch):
     helper, lib = fake_libsandbox
     log = tmp_path / "applied"
     monkeypatch.setenv("SBX_FAKE_SANDBOX_LOG", str(log))
-    monkeypatch.setattr(_enforce, "DARWIN", True)
-    monkeypatch.setattr(_enforce, "LINUX", False)
-    monkeypatch.setattr(_enforce, "SEATBELT_HELPER", helper)
+    monkeypatch.setattr(_platform, "DARWIN", True)
+    monkeypatch.setattr(_platform, "LINUX", False)
     monkeypatch.setattr(_seatbelt, "HELPER", helper)
     apply = ctypes.CDLL(lib).sbx_seatbelt_apply
     apply.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
@@ -73,9 +72,9 @@ def fake_macos(fake_libsandbox, tmp_path, monkeypatch):
             raise OSError(err, msg.value.decode())
 
     monkeypatch.setattr(_core, "seatbelt_apply", seatbelt_apply, raising=False)
-    _enforce._cache.clear()
+    _plan._cache.clear()
     yield log
-    _enforce._cache.clear()
+    _plan._cache.clear()
 
 
 def applied(log) -> list[str]:
@@ -170,18 +169,18 @@ def test_a_forked_body_never_runs_unsandboxed(fake_macos, tmp_path, monkeypatch)
 
 
 def test_missing_helper_degrades_or_refuses(monkeypatch):
-    monkeypatch.setattr(_enforce, "DARWIN", True)
-    monkeypatch.setattr(_enforce, "LINUX", False)
-    monkeypatch.setattr(_enforce, "SEATBELT_HELPER", "/nonexistent/_seatbelt_exec")
-    _enforce._cache.clear()
+    monkeypatch.setattr(_platform, "DARWIN", True)
+    monkeypatch.setattr(_platform, "LINUX", False)
+    monkeypatch.setattr(_seatbelt, "HELPER", "/nonexistent/_seatbelt_exec")
+    _plan._cache.clear()
     try:
-        p = _enforce.plan(None, Policy(network="deny"), uid=os.geteuid())
+        p = _plan.plan(None, Policy(network="deny"), uid=os.geteuid())
         assert p.enforced["network"].startswith("unenforced:") and not p.seatbelt
         assert "_seatbelt_exec is missing" in p.enforced["network"]
         with pytest.raises(sbxlimit.UnsupportedError, match="_seatbelt_exec is missing"):
             sbxlimit.Popen(["true"], policy=Policy(network="deny", strict=True, workdir="/"))
     finally:
-        _enforce._cache.clear()
+        _plan._cache.clear()
 
 
 def test_the_terminal_on_its_stdio_is_named_and_no_other(fake_macos, tmp_path):
@@ -229,11 +228,11 @@ def test_unix_sockets_reach_the_profile(fake_macos, tmp_path):
 
 @pytest.fixture
 def darwin_plan(monkeypatch):
-    monkeypatch.setattr(_enforce, "DARWIN", True)
-    monkeypatch.setattr(_enforce, "LINUX", False)
-    _enforce._cache.clear()
-    yield lambda limits: _enforce.plan(limits, None, uid=501)
-    _enforce._cache.clear()
+    monkeypatch.setattr(_platform, "DARWIN", True)
+    monkeypatch.setattr(_platform, "LINUX", False)
+    _plan._cache.clear()
+    yield lambda limits: _plan.plan(limits, None, uid=501)
+    _plan._cache.clear()
 
 
 def test_memory_is_the_tree_watchdog_not_an_rlimit(darwin_plan):

@@ -20,13 +20,8 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits, Policy, _namespaces
-from sbxlimit._enforce import (
-    CLONE_NEWNET,
-    CLONE_NEWNS,
-    CLONE_NEWPID,
-    namespaces,
-    seccomp_works,
-)
+from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
+from sbxlimit._seccomp import seccomp_works
 
 from .conftest import settled_fds, tagged_sleep, wait_no_sleepers
 

@@ -14,7 +14,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits
-from sbxlimit._enforce import can_raise_hard_limits
+from sbxlimit._platform import can_raise_hard_limits
 
 from .conftest import holds, privileges
 

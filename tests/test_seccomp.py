@@ -12,7 +12,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit import _core
-from sbxlimit._enforce import seccomp_works
+from sbxlimit._seccomp import seccomp_works
 
 from .conftest import why_not
 

@@ -450,7 +450,7 @@ def test_policy_workdir_is_the_childs_cwd(tmp_path):
 
 
 def test_downgrade_warning_points_at_the_callers_line():
-    import sbxlimit._enforce as enforce
+    import sbxlimit._plan as enforce
 
     enforce._warned.clear()
     with warnings.catch_warnings(record=True) as caught:

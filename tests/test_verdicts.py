@@ -23,7 +23,8 @@ import pytest
 
 import sbxlimit
 from sbxlimit._cgroup import discover
-from sbxlimit._enforce import CLONE_NEWNS, CLONE_NEWPID, namespaces, plan
+from sbxlimit._namespaces import CLONE_NEWNS, CLONE_NEWPID, namespaces
+from sbxlimit._plan import plan
 
 from .conftest import holds
 

@@ -10,7 +10,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits, Policy
-from sbxlimit._enforce import CLONE_NEWNS, namespaces
+from sbxlimit._namespaces import CLONE_NEWNS, namespaces
 
 pytestmark = pytest.mark.filterwarnings("ignore:sbxlimit.*not enforced here:RuntimeWarning")
 PY = sys.executable
