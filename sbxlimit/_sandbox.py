@@ -42,10 +42,11 @@ from ._cgroup import Cgroup, CgroupStats, discover, warn_explicit_site
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
-from ._monitor import Pump, Watch, get_monitor, signal_tree
+from ._monitor import Watch, get_monitor, signal_tree
 from ._plan import Held, Plan, plan, warn_downgrades
 from ._platform import CLONE_NEWPID
 from ._policy import Policy
+from ._pump import Pump
 from ._seatbelt import Belt, proxy_env, terminal_devices
 from ._spawn import child_error, resolve_executable
 from ._termination import Outcome, Termination
