@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 from ._errors import ConfigError
-from ._limits import _KNOBS, MANIFEST_DEFAULTS, Limits, limit_value
+from ._limits import _KNOBS, _ORDER, MANIFEST_DEFAULTS, Limits, limit_value
 from ._policy import Policy
 from ._units import parse_count, parse_rate, parse_seconds
 
@@ -198,13 +198,14 @@ def field_value(name: str, value: Any) -> Any:
 def checked(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     """:func:`field_value` of each value, for values from one source (a
     marker, an option); a SettingsError naming `source` for the first bad
-    one."""
-    out: dict[str, Any] = {}
-    for name, value in values.items():
+    one (limits before policy fields, as Limits and then Policy would)."""
+    out = dict(values)
+    # The limits first, in the order Limits checks them, then the policy's.
+    for name in sorted(values, key=lambda n: _ORDER.index(n) if n in _ORDER else len(_ORDER)):
         try:
-            out[name] = field_value(name, value)
+            out[name] = field_value(name, values[name])
         except (ConfigError, TypeError) as e:
-            raise SettingsError(source, str(e), value) from None
+            raise SettingsError(source, str(e), values[name]) from None
     return out
 
 

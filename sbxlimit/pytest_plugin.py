@@ -135,152 +135,16 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 # -- fields and values ----------------------------------------------------------
 
-_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True}
-_BOOL_WORDS.update({"0": False, "false": False, "no": False, "off": False})
-_BOOL_FIELDS = frozenset(
-    {"truncate_output", "keep_workdir", "protect_dotfiles", "harden", "isolate_pids", "strict"}
-)
-
-
-def _field_names() -> tuple[frozenset[str], frozenset[str]]:
-    """(Limits fields, Policy fields)."""
-    import dataclasses
-
-    from ._limits import Limits
-    from ._policy import Policy
-
-    return (
-        frozenset(f.name for f in dataclasses.fields(Limits)),
-        frozenset(f.name for f in dataclasses.fields(Policy)),
-    )
-
-
-def _from_text(name: str, text: str, source: str) -> Any:
-    """One FIELD=VALUE word's value as the field expects it."""
-    if text.lower() == "none" and name not in ("kill_grace", "env", "network"):
-        return None
-    if name in _BOOL_FIELDS:
-        return _bool(name, text, source)
-    if name in ("writable_roots", "deny_read", "deny_write", "unix_sockets"):
-        return tuple(p for p in text.split(",") if p)
-    if name == "proxy_ports":
-        try:
-            return tuple(int(p) for p in text.split(",") if p)
-        except ValueError:
-            raise pytest.UsageError(
-                f"{source}: proxy_ports: expected comma-separated TCP ports (got {text!r})"
-            ) from None
-    if name == "env" and text != "sanitize":
-        return tuple(n for n in text.split(",") if n)
-    return text
-
-
-def _bool(name: str, text: str, source: str) -> bool:
-    try:
-        return _BOOL_WORDS[text.lower()]
-    except KeyError:
-        raise pytest.UsageError(
-            f"{source}: {name}: expected true or false (got {text!r})"
-        ) from None
-
 
 def _parse_text(text: str, source: str) -> dict[str, Any]:
-    """FIELD=VALUE words (shell quoting) from the ini, env or CLI; a
-    UsageError naming `source` for anything wrong."""
-    import shlex
+    """FIELD=VALUE words from the ini, env or CLI; a UsageError naming
+    `source` for anything wrong."""
+    from ._settings import SettingsError, parse_words
 
     try:
-        words = shlex.split(text)
-    except ValueError as e:
-        raise pytest.UsageError(f"{source}: {e} (got {text!r})") from None
-    limit_fields, policy_fields = _field_names()
-    values: dict[str, Any] = {}
-    for word in words:
-        name, sep, value = word.partition("=")
-        name = name.strip().replace("-", "_")
-        if not sep or not name:
-            raise pytest.UsageError(
-                f"{source}: expected FIELD=VALUE words such as 'memory=256Mi wall_time=30s' "
-                f"(got {word!r})"
-            )
-        if name not in limit_fields and name not in policy_fields:
-            raise pytest.UsageError(
-                f"{source}: unknown field {name!r}; known: "
-                f"{', '.join(sorted(limit_fields | policy_fields))}"
-            )
-        values[name] = _from_text(name, value, source)
-    problem = _invalid(values)
-    if problem:
-        raise pytest.UsageError(f"{source}: {problem}")
-    return values
-
-
-def _invalid(values: Mapping[str, Any]) -> str | None:
-    """Why these field values are not valid on their own, or None.  Each
-    source is checked alone, so a Policy rule between two fields is left to
-    the merged values (network='proxy' in one place, proxy_ports in another)."""
-    from ._errors import ConfigError
-    from ._limits import Limits
-    from ._policy import Policy
-
-    limit_fields, _ = _field_names()
-    lim = {k: v for k, v in values.items() if k in limit_fields}
-    try:
-        Limits(**_drop_none(lim))
-        for name, value in values.items():
-            if name in limit_fields or (value is None and name == "workdir"):
-                continue
-            companion: dict[str, Any] = {}
-            if name == "network" and value == "proxy":
-                companion = {"proxy_ports": (1,)}
-            elif name == "proxy_ports":
-                companion = {"network": "proxy"}
-            Policy(**{name: value}, **companion)
-    except (ConfigError, TypeError) as e:
-        return str(e)
-    return None
-
-
-def _drop_none(lim: Mapping[str, Any]) -> dict[str, Any]:
-    """Limits keyword arguments: None means unlimited, except for the knobs
-    that have a default instead."""
-    return {
-        k: v
-        for k, v in lim.items()
-        if v is not None or k not in ("kill_grace", "truncate_output", "tolerate")
-    }
-
-
-def _object_fields(value: Any, what: str) -> dict[str, Any]:
-    """The fields a ``limits=`` or ``policy=`` argument sets: a mapping's
-    items, or a Limits/Policy object's fields that differ from the default."""
-    from ._errors import ConfigError
-    from ._limits import Limits
-    from ._policy import Policy
-
-    if value is None:
-        return {}
-    if isinstance(value, Mapping):
-        return dict(value)
-    cls: type[Limits] | type[Policy] = Limits if what == "limits" else Policy
-    if not isinstance(value, cls):
-        raise ConfigError(what, value, f"expected sbxlimit.{cls.__name__}, a dict, or None")
-    default = cls().to_dict()
-    return {k: v for k, v in value.to_dict().items() if v != default[k]}
-
-
-def _build(values: Mapping[str, Any]) -> tuple[Limits | None, Policy | None]:
-    """Limits and Policy from merged field values (None when no field of
-    that kind is set)."""
-    from ._limits import Limits
-    from ._policy import Policy
-
-    limit_fields, policy_fields = _field_names()
-    lim = _drop_none({k: v for k, v in values.items() if k in limit_fields})
-    pol = {
-        k: v for k, v in values.items() if k in policy_fields and (v is not None or k == "workdir")
-    }
-    return (Limits(**lim) if lim else None, Policy(**pol) if pol else None)
+        return parse_words(text, source)
+    except SettingsError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 class _Settings:
@@ -303,26 +167,26 @@ class _Settings:
 _SETTINGS = pytest.StashKey[_Settings]()
 
 
-def _marker_values(mark: pytest.Mark) -> dict[str, Any]:
+def _marker_values(mark: pytest.Mark, where: str) -> dict[str, Any]:
+    """The checked field values of one marker; a SettingsError naming `where`."""
     from ._errors import ConfigError
+    from ._settings import FIELDS, SettingsError, checked, known_fields, object_fields
 
-    if mark.args:
-        raise ConfigError(
-            "positional arguments", mark.args, "pass fields by name (memory='64Mi', ...)"
-        )
-    kwargs = dict(mark.kwargs)
-    values = _object_fields(kwargs.pop("limits", None), "limits")
-    values.update(_object_fields(kwargs.pop("policy", None), "policy"))
-    limit_fields, policy_fields = _field_names()
-    unknown = sorted(k for k in kwargs if k not in limit_fields and k not in policy_fields)
-    if unknown:
-        raise ConfigError(
-            "fields",
-            unknown,
-            f"unknown; known: {', '.join(sorted(limit_fields | policy_fields))}",
-        )
+    try:
+        if mark.args:
+            raise ConfigError(
+                "positional arguments", mark.args, "pass fields by name (memory='64Mi', ...)"
+            )
+        kwargs = dict(mark.kwargs)
+        values = object_fields(kwargs.pop("limits", None), "limits")
+        values.update(object_fields(kwargs.pop("policy", None), "policy"))
+        unknown = sorted(k for k in kwargs if k not in FIELDS)
+        if unknown:
+            raise ConfigError("fields", unknown, f"unknown; known: {known_fields()}")
+    except ConfigError as e:
+        raise SettingsError(where, str(e), mark) from None
     values.update(kwargs)
-    return values
+    return checked(values, where)
 
 
 def _settings(item: pytest.Item) -> _Settings:
@@ -332,6 +196,7 @@ def _settings(item: pytest.Item) -> _Settings:
     if cached is not None:
         return cached
     from ._errors import ConfigError
+    from ._settings import build
 
     state = item.config.stash.get(_STATE, None)
     values: dict[str, Any] = {}
@@ -342,17 +207,16 @@ def _settings(item: pytest.Item) -> _Settings:
     where = f"@pytest.mark.{MARKER} on {item.nodeid}"
     for mark in reversed(list(item.iter_markers(MARKER))):
         try:
-            vals = _marker_values(mark)
-            problem = _invalid(vals)
+            vals, problem = _marker_values(mark, where), ""
         except ConfigError as e:
-            problem = str(e)
+            vals, problem = {}, str(e)
         if problem:
-            pytest.fail(f"sbxlimit: {where}: {problem}", pytrace=False)
+            pytest.fail(f"sbxlimit: {problem}", pytrace=False)
         values.update(vals)
         if where not in sources:
             sources.append(where)
     try:
-        limits, policy = _build(values)
+        limits, policy = build(values)
     except (ConfigError, TypeError) as e:
         pytest.fail(f"sbxlimit: the settings from {' + '.join(sources)}: {e}", pytrace=False)
     settings = item.stash[_SETTINGS] = _Settings(values, sources, limits, policy)
@@ -810,7 +674,9 @@ class Sandboxes:
         self.nodeid = nodeid
         self._values = dict(values)
         self._sources = list(sources)
-        self._limits, self._policy = _build(self._values)
+        from ._settings import build
+
+        self._limits, self._policy = build(self._values)
         # (process, phase that started it, pid of the process that started it)
         self._started: list[tuple[Popen, str, int]] = []
         self._records: list[dict[str, Any]] = []
@@ -842,14 +708,15 @@ class Sandboxes:
     def _split(self, kwargs: dict[str, Any]) -> tuple[Limits | None, Policy | None]:
         """Take the limit and policy keywords out of `kwargs`; what is left
         is for run() or Popen."""
-        limit_fields, policy_fields = _field_names()
+        from ._settings import LIMIT_FIELDS, POLICY_FIELDS, build, object_fields
+
         values = dict(self._values)
-        values.update(_object_fields(kwargs.pop("limits", None), "limits"))
-        values.update(_object_fields(kwargs.pop("policy", None), "policy"))
+        values.update(object_fields(kwargs.pop("limits", None), "limits"))
+        values.update(object_fields(kwargs.pop("policy", None), "policy"))
         for key in list(kwargs):
-            if key in limit_fields or (key in policy_fields and key != "env"):
+            if key in LIMIT_FIELDS or (key in POLICY_FIELDS and key != "env"):
                 values[key] = kwargs.pop(key)
-        return _build(values)
+        return build(values)
 
     def run(self, args: Any, **kwargs: Any) -> SandboxResult:
         """:func:`sbxlimit.run` with this test's defaults."""
