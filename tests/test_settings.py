@@ -214,6 +214,12 @@ def test_checked_names_the_source_of_python_values():
     )
 
 
+def test_checked_reports_the_limits_first_in_the_order_limits_checks_them():
+    with pytest.raises(s.SettingsError) as info:
+        s.checked({"network": "sometimes", "pids": 0, "memory": "lots"}, "m")
+    assert str(info.value).startswith("m: Limits.memory: not a size")
+
+
 # -- flags ----------------------------------------------------------------------
 
 
