@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from sbxlimit import ConfigError, Gate, Limits, Policy
+from sbxlimit import ConfigError, Gate, Limits, Policy, _limits
 from sbxlimit import _settings as s
 from sbxlimit._units import Millicores
 
@@ -24,6 +24,9 @@ def test_fields_are_those_of_the_dataclasses():
     assert set(s.LIMIT_FIELDS) | set(s.POLICY_FIELDS) == s.FIELDS
     assert not set(s.LIMIT_FIELDS) & set(s.POLICY_FIELDS)
     assert s.known_fields() == ", ".join(sorted(s.FIELDS))
+    # every field has a text form, and Limits normalises (and checks) each of its own
+    assert set(s._FORMS) == s.FIELDS
+    assert sorted(_limits._ORDER) == sorted(s.LIMIT_FIELDS)
 
 
 SWITCHES = [
