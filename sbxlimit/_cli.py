@@ -30,6 +30,7 @@ from ._limits import Limits
 from ._monitor import signal_tree
 from ._policy import Policy
 from ._popen import Popen
+from ._settings import build, flag_value, manifest_limits
 
 __all__ = ["main", "main_entry"]
 
@@ -58,6 +59,16 @@ _LIMIT_FLAGS = (
     ("--timeout", "wall_time", "wall-clock time, e.g. 30s"),
     ("--output", "output", "bytes of stdout and of stderr passed on, e.g. 1Mi"),
     ("--kill-grace", "kill_grace", "seconds between SIGTERM and SIGKILL (default 5)"),
+)
+# (flag, Policy field): repeatable paths
+_PATH_FLAGS = (
+    ("--writable", "writable_roots"),
+    ("--deny-read", "deny_read"),
+    ("--deny-write", "deny_write"),
+    ("--unix-socket", "unix_sockets"),
+)
+_UNIX_SOCKET_HELP = (
+    "a Unix socket the program may connect to (macOS refuses the others; repeatable)"
 )
 
 
@@ -96,16 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         "sandbox: the program sees EAGAIN/ENOSPC and may go on",
     )
     r.add_argument("--deny-network", action="store_true", help="no network access")
-    r.add_argument("--writable", action="append", default=[], metavar="PATH")
-    r.add_argument("--deny-read", action="append", default=[], metavar="PATH")
-    r.add_argument("--deny-write", action="append", default=[], metavar="PATH")
-    r.add_argument(
-        "--unix-socket",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="a Unix socket the program may connect to (macOS refuses the others; repeatable)",
-    )
+    _add_path_flags(r, unix_socket_help=_UNIX_SOCKET_HELP)
     r.add_argument(
         "--terminal",
         action="store_true",
@@ -144,10 +146,7 @@ def _parser() -> argparse.ArgumentParser:
         help="only loopback to PORT (repeatable)",
     )
     sb.add_argument("--workspace", metavar="PATH", help="the sandbox's writable workspace")
-    sb.add_argument("--writable", action="append", default=[], metavar="PATH")
-    sb.add_argument("--deny-read", action="append", default=[], metavar="PATH")
-    sb.add_argument("--deny-write", action="append", default=[], metavar="PATH")
-    sb.add_argument("--unix-socket", action="append", default=[], metavar="PATH")
+    _add_path_flags(sb, unix_socket_help=None)
     sb.add_argument(
         "--no-protect-dotfiles", action="store_true", help="allow writes to shell/git dotfiles"
     )
@@ -155,6 +154,12 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gc", help="remove leftovers of crashed supervisors (cgroups, workspaces)")
     g.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     return p
+
+
+def _add_path_flags(p: argparse.ArgumentParser, *, unix_socket_help: str | None) -> None:
+    for flag, field in _PATH_FLAGS:
+        text = unix_socket_help if flag == "--unix-socket" else None
+        p.add_argument(flag, dest=field, action="append", default=[], metavar="PATH", help=text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,10 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _seatbelt_profile(args: argparse.Namespace) -> int:
     try:
         policy = Policy(
-            writable_roots=args.writable,
-            deny_read=args.deny_read,
-            deny_write=args.deny_write,
-            unix_sockets=args.unix_socket,
+            **{field: getattr(args, field) for _flag, field in _PATH_FLAGS},
             protect_dotfiles=not args.no_protect_dotfiles,
             network="deny" if args.deny_network else "proxy" if args.proxy_port else "allow",
             proxy_ports=args.proxy_port,
@@ -206,7 +208,12 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def _limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Limits | None:
+def _settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[Limits | None, Policy | None]:
+    """Limits and Policy from --manifest, then the limit flags over it, and
+    the policy flags; a bad value is a ConfigError naming its flag (or the
+    manifest's JSON path)."""
     values: dict[str, Any] = {}
     if args.manifest:
         try:
@@ -214,46 +221,25 @@ def _limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Limits
                 manifest = json.load(f)
         except (OSError, ValueError) as e:
             parser.error(f"--manifest {args.manifest}: {e}")
-        values = Limits.from_manifest(manifest).to_dict()
+        values = manifest_limits(manifest)
     for flag, field, _help in _LIMIT_FLAGS:
         v = getattr(args, field)
         if v is not None:
-            try:  # validate here so the error names the flag
-                Limits(**{field: v})
-            except ConfigError as e:
-                parser.error(f"{flag} {v}: {e.problem}")
-            values[field] = v
+            values[field] = flag_value(flag, field, v)
     if args.truncate_output:
         values["truncate_output"] = True
     if args.tolerate:
-        try:
-            Limits(tolerate=args.tolerate)
-        except ConfigError as e:
-            parser.error(f"--tolerate {args.tolerate}: {e.problem}")
-        values["tolerate"] = args.tolerate
-    return Limits(**values) if values else None
-
-
-def _policy(args: argparse.Namespace) -> Policy | None:
-    if not (
-        args.deny_network
-        or args.writable
-        or args.deny_read
-        or args.deny_write
-        or args.unix_socket
-        or args.strict
-        or args.terminal
-    ):
-        return None
-    return Policy(
-        network="deny" if args.deny_network else "allow",
-        writable_roots=[os.path.abspath(p) for p in args.writable],
-        deny_read=[os.path.abspath(p) for p in args.deny_read],
-        deny_write=[os.path.abspath(p) for p in args.deny_write],
-        unix_sockets=[os.path.abspath(p) for p in args.unix_socket],
-        terminal=args.terminal,
-        strict=args.strict,
-    )
+        values["tolerate"] = flag_value("--tolerate", "tolerate", args.tolerate)
+    if args.deny_network:
+        values["network"] = "deny"
+    for _flag, field in _PATH_FLAGS:
+        if getattr(args, field):
+            values[field] = [os.path.abspath(p) for p in getattr(args, field)]
+    if args.terminal:
+        values["terminal"] = True
+    if args.strict:
+        values["strict"] = True
+    return build(values)
 
 
 @contextlib.contextmanager
@@ -288,8 +274,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if not cmd:
         parser.error("missing command: sbxlimit run [options] -- CMD [ARGS...]")
     try:
-        limits = _limits(parser, args)
-        policy = _policy(args)
+        limits, policy = _settings(parser, args)
     except ConfigError as e:
         parser.error(str(e))
 

@@ -42,7 +42,8 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 from . import audit
 from ._errors import CallTimeout, ConcurrencyLimited, ConfigError, RateLimited, _key_text
-from ._limits import MANIFEST_DEFAULTS, Count, Duration
+from ._limits import Count, Duration
+from ._settings import manifest_execution
 from ._units import MAX_SECONDS, parse_count, parse_rate, parse_seconds
 
 __all__ = ["Gate", "GateCall", "GateStats"]
@@ -56,7 +57,6 @@ _log = logging.getLogger("sbxlimit.gate")
 # (0.6 s at 100/minute must buy exactly one call, float rounding or not).
 _EPS = 1e-9
 _PERIOD_NAMES = {1.0: "second", 60.0: "minute", 3600.0: "hour"}
-_EXECUTION_KEYS = ("max_tool_call_duration", "max_concurrent_calls", "rate_limit")
 
 
 class _Default(enum.Enum):
@@ -307,31 +307,7 @@ class Gate:
         Errors are :class:`ConfigError` naming the JSON path of the bad value
         (``"execution_limits.rate_limit"``).
         """
-        if not isinstance(manifest, Mapping):
-            raise ConfigError("manifest", manifest, "expected a mapping (parsed JSON object)")
-        for key in manifest:
-            if key not in ("resources", "execution_limits"):
-                raise ConfigError(str(key), manifest[key], "unknown manifest section")
-        execution = manifest.get("execution_limits", {})
-        if not isinstance(execution, Mapping):
-            raise ConfigError("execution_limits", execution, "expected an object")
-        for key in execution:
-            if key not in _EXECUTION_KEYS:
-                raise ConfigError(
-                    f"execution_limits.{key}",
-                    execution[key],
-                    f"unknown execution limit; known: {sorted(_EXECUTION_KEYS)}",
-                )
-        values = {k: execution.get(k, MANIFEST_DEFAULTS[k]) for k in _EXECUTION_KEYS}
-        timeout = parse_seconds(
-            "execution_limits.max_tool_call_duration", values["max_tool_call_duration"]
-        )
-        max_concurrent = parse_count(
-            "execution_limits.max_concurrent_calls", values["max_concurrent_calls"]
-        )
-        rate = values["rate_limit"]
-        parse_rate("execution_limits.rate_limit", rate)
-        assert isinstance(rate, str)  # parse_rate accepts strings only
+        timeout, max_concurrent, rate = manifest_execution(manifest)
         return cls(max_concurrent, rate, timeout, burst=burst, wait=wait, clock=clock)
 
     # -- configuration ------------------------------------------------------

@@ -12,7 +12,6 @@ from ._units import (
     parse_bytes,
     parse_count,
     parse_millicores,
-    parse_rate,
     parse_seconds,
 )
 
@@ -34,17 +33,6 @@ _BYTES = ("memory", "file_size", "disk", "output", "address_space")
 _BYTES_ZERO_OK = ("file_size", "output")
 _SECONDS = ("cpu_time", "wall_time")
 _COUNTS = ("pids", "open_files")
-# Manifest "resources" keys and the Limits field each one sets.
-_RESOURCE_KEYS = {
-    "cpu": "cpu",
-    "memory": "memory",
-    "disk": "disk",
-    "pids": "pids",
-    "open_files": "open_files",
-    "file_size": "file_size",
-    "cpu_time": "cpu_time",
-    "output": "output",
-}
 
 
 Size = int | float | str
@@ -147,27 +135,14 @@ class Limits:
             ("kill_grace", kill_grace),
             ("address_space", address_space),
             ("truncate_output", truncate_output),
+            ("tolerate", tolerate),
         ):
             put(name, value)
 
-        for name in _BYTES:
+        for name in _ORDER:
             v = getattr(self, name)
-            if v is not None:
-                put(name, parse_bytes(f"Limits.{name}", v, allow_zero=name in _BYTES_ZERO_OK))
-        for name in _SECONDS:
-            v = getattr(self, name)
-            if v is not None:
-                put(name, parse_seconds(f"Limits.{name}", v))
-        for name in _COUNTS:
-            v = getattr(self, name)
-            if v is not None:
-                put(name, parse_count(f"Limits.{name}", v))
-        if self.cpu is not None:
-            put("cpu", parse_millicores("Limits.cpu", self.cpu))
-        put("kill_grace", parse_seconds("Limits.kill_grace", self.kill_grace, allow_zero=True))
-        if not isinstance(self.truncate_output, bool):
-            raise ConfigError("Limits.truncate_output", self.truncate_output, "expected a bool")
-        put("tolerate", _parse_tolerate(tolerate))
+            if v is not None or name in _KNOBS:
+                put(name, limit_value(name, v))
 
     # -- constructors -------------------------------------------------------
 
@@ -187,51 +162,9 @@ class Limits:
         ``wall_time``.  Errors name the JSON path of the bad value.
         Concurrency and rate belong to :class:`sbxlimit.Gate`.
         """
-        if not isinstance(manifest, Mapping):
-            raise ConfigError("manifest", manifest, "expected a mapping (parsed JSON object)")
-        resources = manifest.get("resources", {})
-        if not isinstance(resources, Mapping):
-            raise ConfigError("resources", resources, "expected an object")
-        execution = manifest.get("execution_limits", {})
-        if not isinstance(execution, Mapping):
-            raise ConfigError("execution_limits", execution, "expected an object")
+        from ._settings import manifest_limits
 
-        values: dict[str, Any] = {
-            "cpu": MANIFEST_DEFAULTS["cpu"],
-            "memory": MANIFEST_DEFAULTS["memory"],
-            "disk": MANIFEST_DEFAULTS["disk"],
-        }
-        for key, entry in resources.items():
-            path = f"resources.{key}"
-            if key not in _RESOURCE_KEYS:
-                raise ConfigError(path, entry, f"unknown resource; known: {sorted(_RESOURCE_KEYS)}")
-            if isinstance(entry, Mapping):
-                extra = set(entry) - {"limit", "request"}
-                if extra:
-                    raise ConfigError(path, entry, f"unknown key(s) {sorted(extra)}")
-                if "request" in entry:  # not enforced, but must be valid
-                    _checked(f"{path}.request", _RESOURCE_KEYS[key], entry["request"])
-                if "limit" not in entry:
-                    continue
-                path, entry = f"{path}.limit", entry["limit"]
-            values[_RESOURCE_KEYS[key]] = _checked(path, _RESOURCE_KEYS[key], entry)
-
-        duration = execution.get(
-            "max_tool_call_duration", MANIFEST_DEFAULTS["max_tool_call_duration"]
-        )
-        values["wall_time"] = parse_seconds("execution_limits.max_tool_call_duration", duration)
-        for key in execution:
-            path = f"execution_limits.{key}"
-            if key == "max_concurrent_calls":
-                parse_count(path, execution[key])
-            elif key == "rate_limit":
-                parse_rate(path, execution[key])
-            elif key != "max_tool_call_duration":
-                raise ConfigError(path, execution[key], "unknown execution limit")
-        for key in manifest:
-            if key not in ("resources", "execution_limits"):
-                raise ConfigError(str(key), manifest[key], "unknown manifest section")
-        return cls(**values)
+        return cls(**manifest_limits(manifest))
 
     # -- operations ---------------------------------------------------------
 
@@ -288,17 +221,44 @@ _KNOBS_OWN = ("truncate_output", "tolerate")
 TOLERABLE = ("memory", "pids", "disk")
 
 
-def _parse_tolerate(value: object) -> frozenset[str]:
+# The order in which Limits checks its fields (the first bad one is reported).
+_ORDER = (*_BYTES, *_SECONDS, *_COUNTS, "cpu", "kill_grace", "truncate_output", "tolerate")
+
+
+def limit_value(name: str, value: object, field: str | None = None) -> Any:
+    """One Limits field's value normalised as Limits holds it: bytes,
+    seconds, a count, millicores, a bool or the tolerated names.  A bad
+    value is a ConfigError naming `field` (default ``Limits.<name>``; a
+    manifest passes its JSON path)."""
+    where = field or f"Limits.{name}"
+    if name in _BYTES:
+        return parse_bytes(where, value, allow_zero=name in _BYTES_ZERO_OK)
+    if name in _SECONDS:
+        return parse_seconds(where, value)
+    if name in _COUNTS:
+        return parse_count(where, value)
+    if name == "cpu":
+        return parse_millicores(where, value)
+    if name == "kill_grace":
+        return parse_seconds(where, value, allow_zero=True)
+    if name == "truncate_output":
+        if not isinstance(value, bool):
+            raise ConfigError(where, value, "expected a bool")
+        return value
+    if name == "tolerate":
+        return _parse_tolerate(where, value)
+    raise ConfigError(where, value, "not a field of Limits")
+
+
+def _parse_tolerate(field: str, value: object) -> frozenset[str]:
     if isinstance(value, str):
         value = value.replace(",", " ").split()
     if not isinstance(value, Iterable) or not all(isinstance(v, str) for v in value):
-        raise ConfigError("Limits.tolerate", value, "expected names of limits")
+        raise ConfigError(field, value, "expected names of limits")
     names: frozenset[str] = frozenset(value)
     bad = sorted(map(repr, names - set(TOLERABLE)))
     if bad:
-        raise ConfigError(
-            "Limits.tolerate", ", ".join(bad), f"only {', '.join(TOLERABLE)} can be tolerated"
-        )
+        raise ConfigError(field, ", ".join(bad), f"only {', '.join(TOLERABLE)} can be tolerated")
     return names
 
 
@@ -316,18 +276,3 @@ def coerce_fields(cls: type[_T], value: object, arg: str) -> _T | None:
     raise ConfigError(
         arg, value, f"expected sbxlimit.{cls.__name__}, a dict of its fields, or None"
     )
-
-
-def _checked(path: str, field: str, value: object) -> object:
-    """Validate a manifest value under its JSON path and return it as given
-    (Limits normalises it; returning the normalised form would read
-    millicores as cores)."""
-    if field in _BYTES:
-        parse_bytes(path, value, allow_zero=field in _BYTES_ZERO_OK)
-    elif field in _SECONDS:
-        parse_seconds(path, value)
-    elif field in _COUNTS:
-        parse_count(path, value)
-    else:
-        parse_millicores(path, value)
-    return value

@@ -799,6 +799,8 @@ def test_from_manifest_unknown_execution_limit():
     with pytest.raises(ConfigError) as info:
         Limits.from_manifest({"execution_limits": {"max_calls": 5}})
     assert info.value.field == "execution_limits.max_calls"
+    # as Gate.from_manifest says it: what is known
+    assert "unknown execution limit; known: ['max_concurrent_calls'," in str(info.value)
 
 
 def test_from_manifest_unknown_section():

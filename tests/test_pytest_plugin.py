@@ -341,3 +341,21 @@ def test_no_secret_from_a_command_line_in_the_report(inner: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(["*pid * (`sleep`) outlived the test and was killed*"])
     result.stdout.fnmatch_lines(["*test_s.py::test_shell_run (`sh`)"])
     assert SECRET not in result.stdout.str() and SECRET not in result.stderr.str()
+
+
+def test_loading_the_plugin_imports_only_the_plugin() -> None:
+    # A suite that does not use it pays for the plugin's own modules only.
+    import subprocess
+
+    code = (
+        "import sys, sbxlimit.pytest_plugin as p\n"
+        "assert p.__all__ == ['Sandboxes'] and p.Sandboxes.__name__ == 'Sandboxes'\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('sbxlimit'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "sbxlimit.pytest_plugin" in out
+    assert [m for m in out if not m.startswith(("sbxlimit._pytest_", "sbxlimit.pytest_"))] == [
+        "sbxlimit"
+    ]
