@@ -17,6 +17,7 @@ from setuptools.command.build_ext import build_ext
 COMMON = [
     "csrc/_coremodule.c",
     "csrc/spawn.c",
+    "csrc/child_fail.c",
     "csrc/rlimit.c",
     "csrc/fds.c",
     "csrc/probe.c",

@@ -2,7 +2,8 @@
  *
  * Shape taken from CPython's _posixsubprocess.c: everything is prepared in
  * the parent; the child only makes system calls, one step a line, and
- * reports the first failure as a fixed-size record on a close-on-exec pipe.
+ * reports the first failure as a fixed-size record on a close-on-exec pipe
+ * (child_fail.c).
  *
  * Without a preexec hook the child is created with CLONE_VM|CLONE_VFORK on a
  * stack of its own: no page tables are copied, so spawning costs the same
@@ -94,20 +95,6 @@ const char *sbx_step_name(int step)
 
 /* ---- child side: everything below up to sbx_spawn_start runs between
  * fork and exec and is async-signal-safe. -------------------------------- */
-
-_Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err, int64_t detail)
-{
-    struct sbx_child_error rec;
-    ssize_t n;
-
-    rec.step = step;
-    rec.err = err;
-    rec.detail = detail;
-    do {
-        n = write(ctx->errfd, &rec, sizeof rec);
-    } while (n < 0 && errno == EINTR);
-    _exit(127);
-}
 
 /* Handlers of a CLONE_VM child would run on the parent's memory: put every
  * caught signal back to SIG_DFL before the mask is lifted.  Ignored signals

@@ -63,6 +63,7 @@ FDS_SOURCES = [
     DARWIN / "test_fds.c",
     DARWIN / "fake_libproc.c",
     CSRC / "spawn.c",
+    CSRC / "child_fail.c",
     CSRC / "fds.c",
     CSRC / "rlimit.c",
     CSRC / "cgroup_none.c",
