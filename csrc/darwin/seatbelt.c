@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../seatbelt.h"
+#include "seatbelt.h"
 
 /* ---- the /private mapping ------------------------------------------------ */
 
