@@ -66,8 +66,8 @@ FDS_SOURCES = [
     CSRC / "child_fail.c",
     CSRC / "fds.c",
     CSRC / "rlimit.c",
-    CSRC / "cgroup_none.c",
-    CSRC / "seccomp_none.c",
+    CSRC / "none" / "cgroup.c",
+    CSRC / "none" / "seccomp.c",
 ]
 FDS_FLAGS = ["-DSBX_TEST_PORTABLE_FDS", "-DSBX_NO_VFORK"]
 FDS_CASES = ["above_child_limit", "above_parent_limit", "keep_above_limit"]

@@ -1,7 +1,7 @@
-/* seccomp_none.c -- platforms without seccomp, Landlock and namespaces. */
+/* none/seccomp.c -- platforms without seccomp, Landlock and namespaces. */
 #include <errno.h>
 
-#include "sbx_internal.h"
+#include "../sbx_internal.h"
 
 int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, int caller_pgid)
 {
