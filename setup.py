@@ -42,9 +42,9 @@ def sources(platform: str) -> list[str]:
     # csrc/none/: the stand-ins for a mechanism the platform does not have.
     if platform == "darwin":
         darwin = ["proctree.c", "seatbelt_apply.c"]
-        none = ["cgroup.c", "seccomp.c"]
+        none = ["cgroup.c", "seccomp.c", "landlock.c", "namespaces.c"]
         return [*COMMON, *(f"csrc/darwin/{f}" for f in darwin), *(f"csrc/none/{f}" for f in none)]
-    none = ["proctree.c", "cgroup.c", "seccomp.c"]
+    none = ["proctree.c", "cgroup.c", "seccomp.c", "landlock.c", "namespaces.c"]
     return [*COMMON, *(f"csrc/none/{f}" for f in none)]
 
 

@@ -68,6 +68,8 @@ FDS_SOURCES = [
     CSRC / "rlimit.c",
     CSRC / "none" / "cgroup.c",
     CSRC / "none" / "seccomp.c",
+    CSRC / "none" / "landlock.c",
+    CSRC / "none" / "namespaces.c",
 ]
 FDS_FLAGS = ["-DSBX_TEST_PORTABLE_FDS", "-DSBX_NO_VFORK"]
 FDS_CASES = ["above_child_limit", "above_parent_limit", "keep_above_limit"]
