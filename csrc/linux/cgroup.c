@@ -1,4 +1,4 @@
-/* cgroup.c -- the C side of cgroup placement (Linux).
+/* linux/cgroup.c -- the C side of cgroup placement (Linux).
  *
  * The parent does all the file work (mkdir, limits, opening the sandbox's
  * cgroup.procs files): see sbxlimit/_cgroup.py.  What must be C is the

@@ -1,4 +1,4 @@
-/* clone3.c -- clone3() with CLONE_VM, for the spawn fast path.
+/* linux/clone3.c -- clone3() with CLONE_VM, for the spawn fast path.
  *
  * glibc has no public clone3() wrapper, and a CLONE_VM child cannot simply
  * return from a raw syscall() into C code: it runs on a fresh stack that the
