@@ -18,7 +18,7 @@
 #include <errno.h>
 #include <stddef.h>
 
-#include "sbx_internal.h"
+#include "../sbx_internal.h"
 
 #if defined(__x86_64__)
 /* rdi = args, rsi = size (the syscall's own arguments), rdx = fn, rcx = arg.
