@@ -17,6 +17,7 @@ from setuptools.command.build_ext import build_ext
 COMMON = [
     "csrc/_coremodule.c",
     "csrc/spawn.c",
+    "csrc/child_fail.c",
     "csrc/rlimit.c",
     "csrc/fds.c",
     "csrc/probe.c",
@@ -38,15 +39,13 @@ def sources(platform: str) -> list[str]:
             "namespaces.c",
         ]
         return [*COMMON, *(f"csrc/linux/{f}" for f in linux)]
+    # csrc/none/: the stand-ins for a mechanism the platform does not have.
     if platform == "darwin":
         darwin = ["proctree.c", "seatbelt_apply.c"]
-        return [
-            *COMMON,
-            *(f"csrc/darwin/{f}" for f in darwin),
-            "csrc/cgroup_none.c",
-            "csrc/seccomp_none.c",
-        ]
-    return [*COMMON, "csrc/proctree_none.c", "csrc/cgroup_none.c", "csrc/seccomp_none.c"]
+        none = ["cgroup.c", "seccomp.c", "landlock.c", "namespaces.c"]
+        return [*COMMON, *(f"csrc/darwin/{f}" for f in darwin), *(f"csrc/none/{f}" for f in none)]
+    none = ["proctree.c", "cgroup.c", "seccomp.c", "landlock.c", "namespaces.c"]
+    return [*COMMON, *(f"csrc/none/{f}" for f in none)]
 
 
 compile_args = ["-std=c11", "-Wall", "-Wextra", "-Wshadow", "-Wformat=2"]

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "sbx.h"
-#include "seatbelt.h"
+#include "darwin/seatbelt.h"
 #ifdef __APPLE__
 #include "darwin/seatbelt_apply.h"
 #endif

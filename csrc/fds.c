@@ -7,6 +7,9 @@
  *
  * SBX_TEST_PORTABLE_FDS (tests/c/darwin/test_fds.c): macOS's path on Linux,
  * without close_range and the /proc walk, with a model of libproc.
+ *
+ * Also the parent's close-on-exec pipes (sbx_pipe_cloexec), for spawn.c's
+ * error pipe and probe.c's.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -57,7 +57,8 @@ enum sbx_step {
     SBX_STEP__COUNT
 };
 
-/* Stable name of a step ("rlimit:RLIMIT_CPU"), or NULL if out of range. */
+/* Stable name of a step ("rlimit:RLIMIT_CPU"), or NULL if out of range
+ * (child_fail.c). */
 const char *sbx_step_name(int step);
 
 /* The step that sets rlimit `resource` (an RLIMIT_* constant), or

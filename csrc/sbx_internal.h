@@ -67,7 +67,8 @@ struct sbx_clone_args {
 };
 long sbx_clone3_run(struct sbx_clone_args *args, int (*fn)(void *), void *arg);
 
-/* Child side: report (step, err, detail) to the parent and _exit(127). */
+/* child_fail.c, child side: report (step, err, detail) to the parent on
+ * ctx->errfd and _exit(127); async-signal-safe. */
 _Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err, int64_t detail);
 
 /* Child side: run one step.  The testing switch makes the step fail with the

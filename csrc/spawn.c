@@ -2,7 +2,8 @@
  *
  * Shape taken from CPython's _posixsubprocess.c: everything is prepared in
  * the parent; the child only makes system calls, one step a line, and
- * reports the first failure as a fixed-size record on a close-on-exec pipe.
+ * reports the first failure as a fixed-size record on a close-on-exec pipe
+ * (child_fail.c).
  *
  * Without a preexec hook the child is created with CLONE_VM|CLONE_VFORK on a
  * stack of its own: no page tables are copied, so spawning costs the same
@@ -48,66 +49,8 @@ extern char **environ;
 
 #define SBX_CHILD_STACK (128 * 1024)
 
-static const char *const step_names[SBX_STEP__COUNT] = {
-    [SBX_STEP_NONE] = "none",
-    [SBX_STEP_CGROUP] = "cgroup:procs",
-    [SBX_STEP_SIGNALS_RESET] = "signals:reset",
-    [SBX_STEP_STDIO] = "stdio:dup2",
-    [SBX_STEP_SETSID] = "session:setsid",
-    [SBX_STEP_SETPGID] = "session:setpgid",
-    [SBX_STEP_PDEATHSIG] = "pdeathsig",
-    [SBX_STEP_NS_UNSHARE] = "ns:unshare",
-    [SBX_STEP_NS_IDMAP] = "ns:idmap",
-    [SBX_STEP_NS_LOOPBACK] = "ns:loopback",
-    [SBX_STEP_NS_MOUNT] = "ns:mount",
-    [SBX_STEP_NS_VIEW] = "ns:view",
-    [SBX_STEP_NS_PID] = "ns:pid",
-    [SBX_STEP_RLIMIT_CORE] = "rlimit:RLIMIT_CORE",
-    [SBX_STEP_RLIMIT_CPU] = "rlimit:RLIMIT_CPU",
-    [SBX_STEP_RLIMIT_FSIZE] = "rlimit:RLIMIT_FSIZE",
-    [SBX_STEP_RLIMIT_DATA] = "rlimit:RLIMIT_DATA",
-    [SBX_STEP_RLIMIT_AS] = "rlimit:RLIMIT_AS",
-    [SBX_STEP_RLIMIT_NOFILE] = "rlimit:RLIMIT_NOFILE",
-    [SBX_STEP_RLIMIT_NPROC] = "rlimit:RLIMIT_NPROC",
-    [SBX_STEP_CHDIR] = "chdir",
-    [SBX_STEP_UMASK] = "umask",
-    [SBX_STEP_SETGROUPS] = "setgroups",
-    [SBX_STEP_SETGID] = "setgid",
-    [SBX_STEP_SETUID] = "setuid",
-    [SBX_STEP_CAPS] = "caps:drop",
-    [SBX_STEP_NO_NEW_PRIVS] = "harden:no_new_privs",
-    [SBX_STEP_LANDLOCK] = "landlock:restrict",
-    [SBX_STEP_SECCOMP] = "harden:seccomp",
-    [SBX_STEP_PREEXEC] = "preexec_fn",
-    [SBX_STEP_PASS_FDS] = "pass_fds",
-    [SBX_STEP_CLOSE_FDS] = "close_fds",
-    [SBX_STEP_SIGMASK] = "signals:mask",
-    [SBX_STEP_EXEC] = "exec",
-};
-
-const char *sbx_step_name(int step)
-{
-    if (step < 0 || step >= SBX_STEP__COUNT)
-        return NULL;
-    return step_names[step];
-}
-
 /* ---- child side: everything below up to sbx_spawn_start runs between
  * fork and exec and is async-signal-safe. -------------------------------- */
-
-_Noreturn void sbx_child_fail(const struct sbx_child_ctx *ctx, int step, int err, int64_t detail)
-{
-    struct sbx_child_error rec;
-    ssize_t n;
-
-    rec.step = step;
-    rec.err = err;
-    rec.detail = detail;
-    do {
-        n = write(ctx->errfd, &rec, sizeof rec);
-    } while (n < 0 && errno == EINTR);
-    _exit(127);
-}
 
 /* Handlers of a CLONE_VM child would run on the parent's memory: put every
  * caught signal back to SIG_DFL before the mask is lifted.  Ignored signals

@@ -60,7 +60,7 @@ def test_darwin_sources_are_the_ones_setup_py_builds():
 def test_core_compiles_and_links_for_macos(target, tmp_path):
     objs = []
     for src in _sources():
-        obj = str(tmp_path / (os.path.basename(src) + ".o"))
+        obj = str(tmp_path / (src.replace("/", "_") + ".o"))  # platform folders share names
         inc = ["-I", os.path.join(ROOT, "csrc")]
         if src.endswith("_coremodule.c"):
             inc += ["-I", sysconfig.get_paths()["include"]]
@@ -78,7 +78,7 @@ def test_linux_core_compiles_for_aarch64(tmp_path):
     # per-architecture code: the other architecture the filter is built for
     # must at least compile under -Werror.
     for src in (s for s in _sources("linux") if not s.endswith("_coremodule.c")):
-        obj = str(tmp_path / (os.path.basename(src) + ".o"))
+        obj = str(tmp_path / (src.replace("/", "_") + ".o"))  # platform folders share names
         inc = ["-I", os.path.join(ROOT, "csrc")]
         _zig(
             "aarch64-linux-gnu",

@@ -63,10 +63,13 @@ FDS_SOURCES = [
     DARWIN / "test_fds.c",
     DARWIN / "fake_libproc.c",
     CSRC / "spawn.c",
+    CSRC / "child_fail.c",
     CSRC / "fds.c",
     CSRC / "rlimit.c",
-    CSRC / "cgroup_none.c",
-    CSRC / "seccomp_none.c",
+    CSRC / "none" / "cgroup.c",
+    CSRC / "none" / "seccomp.c",
+    CSRC / "none" / "landlock.c",
+    CSRC / "none" / "namespaces.c",
 ]
 FDS_FLAGS = ["-DSBX_TEST_PORTABLE_FDS", "-DSBX_NO_VFORK"]
 FDS_CASES = ["above_child_limit", "above_parent_limit", "keep_above_limit"]

@@ -1,4 +1,4 @@
-/* seatbelt.c -- render a Policy as a macOS Seatbelt (SBPL) profile.
+/* darwin/seatbelt.c -- render a Policy as a macOS Seatbelt (SBPL) profile.
  *
  * Parent side, before fork; plain C11 with no platform code, so it builds and
  * is unit-tested on every OS (tests/c/test_seatbelt.c) and cross-compiled for
@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../seatbelt.h"
+#include "seatbelt.h"
 
 /* ---- the /private mapping ------------------------------------------------ */
 

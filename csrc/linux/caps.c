@@ -1,4 +1,4 @@
-/* caps.c -- a sandbox runs without capabilities (SPEC 3, security model).
+/* linux/caps.c -- a sandbox runs without capabilities (SPEC 3, security model).
  *
  * A root program keeps every capability across execve unless it is told
  * otherwise: with them it could enter the caller's network namespace

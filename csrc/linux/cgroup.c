@@ -1,4 +1,4 @@
-/* cgroup.c -- the C side of cgroup placement (Linux).
+/* linux/cgroup.c -- the C side of cgroup placement (Linux).
  *
  * The parent does all the file work (mkdir, limits, opening the sandbox's
  * cgroup.procs files): see sbxlimit/_cgroup.py.  What must be C is the
@@ -12,7 +12,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include "sbx_internal.h"
+#include "../sbx_internal.h"
 
 #ifndef CGROUP2_SUPER_MAGIC
 #define CGROUP2_SUPER_MAGIC 0x63677270

@@ -1,4 +1,4 @@
-/* clone3.c -- clone3() with CLONE_VM, for the spawn fast path.
+/* linux/clone3.c -- clone3() with CLONE_VM, for the spawn fast path.
  *
  * glibc has no public clone3() wrapper, and a CLONE_VM child cannot simply
  * return from a raw syscall() into C code: it runs on a fresh stack that the
@@ -18,7 +18,7 @@
 #include <errno.h>
 #include <stddef.h>
 
-#include "sbx_internal.h"
+#include "../sbx_internal.h"
 
 #if defined(__x86_64__)
 /* rdi = args, rsi = size (the syscall's own arguments), rdx = fn, rcx = arg.

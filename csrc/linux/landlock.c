@@ -1,4 +1,4 @@
-/* landlock.c -- file rules with Landlock: the ruleset is built in the
+/* linux/landlock.c -- file rules with Landlock: the ruleset is built in the
  * parent (it opens every rule's path), the child restricts itself with it
  * after no_new_privs, before the seccomp filter.
  *

@@ -1,4 +1,4 @@
-/* namespaces.c -- the child's namespaces: user (when unprivileged), network,
+/* linux/namespaces.c -- the child's namespaces: user (when unprivileged), network,
  * mount and PID, entered right after pdeathsig and before the rlimits.
  *
  * Everything is prepared in the parent (map strings, mount data, paths);

@@ -1,4 +1,4 @@
-/* pid1.c -- PID 1 of a sandbox's PID namespace, as a program of its own.
+/* linux/pid1.c -- PID 1 of a sandbox's PID namespace, as a program of its own.
  *
  * The core's PID 1 is a vfork-style child: it shares the caller's memory
  * until it execs, which is what makes a sandbox with a PID namespace cheap

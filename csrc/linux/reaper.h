@@ -1,4 +1,4 @@
-/* reaper.h -- the loop of a sandbox's PID 1, shared by the core (a PID 1
+/* linux/reaper.h -- the loop of a sandbox's PID 1, shared by the core (a PID 1
  * that fork()ed from the caller runs it in place) and csrc/linux/pid1.c (the
  * small program a vfork-style PID 1 execs).  Async-signal-safe: sigwaitinfo,
  * kill, waitpid, write, _exit. */

@@ -1,4 +1,4 @@
-/* seccomp.c -- the hardening filter, built in the parent, loaded in the
+/* linux/seccomp.c -- the hardening filter, built in the parent, loaded in the
  * child as its last step before execve.
  *
  * Refusals are errors (EPERM, or what a kernel without the feature says),

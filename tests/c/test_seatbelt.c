@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "seatbelt.h"
+#include "darwin/seatbelt.h"
 
 static int checks, failures;
 

@@ -5,8 +5,9 @@
  * Built and run by tests/test_darwin_c.py:
  *   cc -std=c11 -D_GNU_SOURCE -DSBX_TEST_PORTABLE_FDS -DSBX_NO_VFORK \
  *      -Itests/c/darwin -Icsrc tests/c/darwin/test_fds.c \
- *      tests/c/darwin/fake_libproc.c csrc/spawn.c csrc/fds.c csrc/rlimit.c \
- *      csrc/cgroup_none.c csrc/seccomp_none.c
+ *      tests/c/darwin/fake_libproc.c csrc/spawn.c csrc/child_fail.c csrc/fds.c \
+ *      csrc/rlimit.c csrc/none/cgroup.c csrc/none/seccomp.c csrc/none/landlock.c \
+ *      csrc/none/namespaces.c
  * Usage: test_fds CASE... | all | --list.  Each case spawns this program
  * again with open_files (RLIMIT_NOFILE) lowered, which checks its fds:
  *   test_fds --check open:N closed:N ...

@@ -1,9 +1,10 @@
-/* proctree_none.c -- platforms without a process-tree backend yet.
+/* none/proctree.c -- no process-tree backend on this platform (the stand-in
+ * for linux/proctree.c and darwin/proctree.c).
  * Callers fall back to signalling the process group. */
 #include <errno.h>
 #include <string.h>
 
-#include "sbx.h"
+#include "../sbx.h"
 
 int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out)
 {

@@ -1,7 +1,8 @@
-/* cgroup_none.c -- platforms without cgroups: nothing to join. */
+/* none/cgroup.c -- no cgroups on this platform (linux/cgroup.c's stand-in):
+ * nothing to join. */
 #include <errno.h>
 
-#include "sbx_internal.h"
+#include "../sbx_internal.h"
 
 int sbx_cgroup_fs_kind(const char *path)
 {

@@ -1,4 +1,5 @@
-/* seatbelt.h -- the macOS Seatbelt (SBPL) profile builder: darwin/seatbelt.c.
+/* darwin/seatbelt.h -- the macOS Seatbelt (SBPL) profile builder
+ * (darwin/seatbelt.c).
  *
  * Plain C11, no Python, no platform code: it builds and is unit-tested on
  * every OS (tests/c/test_seatbelt.c), and the darwin spawn path applies its

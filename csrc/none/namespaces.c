@@ -1,0 +1,25 @@
+/* none/namespaces.c -- no namespaces on this platform (linux/namespaces.c's
+ * stand-in): a child asked to enter one fails at ns:unshare with ENOSYS,
+ * and the probes say ENOSYS. */
+#include <errno.h>
+
+#include "../sbx_internal.h"
+
+void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
+{
+    sbx_child_fail(ctx, SBX_STEP_NS_UNSHARE, ENOSYS, ctx->spec->ns_flags);
+}
+
+int sbx_ns_probe_child(long flags)
+{
+    (void)flags;
+    errno = ENOSYS;
+    return -1;
+}
+
+int sbx_ns_probe_view_child(long flags)
+{
+    (void)flags;
+    errno = ENOSYS;
+    return -1;
+}
