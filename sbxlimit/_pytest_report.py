@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from ._termination import Termination, Usage
+    from ._evidence import Usage
+    from ._termination import Termination
 
 REPORT_ROWS = 10
 
