@@ -26,7 +26,6 @@ if TYPE_CHECKING:
         UnsupportedError,
     )
     from ._evidence import Usage
-    from ._gate import Gate, GateCall, GateStats
     from ._limits import Limits
     from ._policy import Policy
     from ._popen import Popen
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
     from ._run import SandboxResult, run
     from ._spawn import STEPS
     from ._termination import LIMIT_REASONS, REASONS, Termination
+    from .gate import Gate, GateCall, GateStats
 
 # Names load on first use (PEP 562): `import sbxlimit` -- and the pytest
 # plugin, loaded in every test session -- costs almost nothing until a
@@ -51,9 +51,9 @@ _LAZY = {
     "RateLimited": "_errors",
     "SandboxSetupError": "_errors",
     "UnsupportedError": "_errors",
-    "Gate": "_gate",
-    "GateCall": "_gate",
-    "GateStats": "_gate",
+    "Gate": "gate",
+    "GateCall": "gate",
+    "GateStats": "gate",
     "Limits": "_limits",
     "Policy": "_policy",
     "Popen": "_popen",

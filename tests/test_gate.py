@@ -297,7 +297,7 @@ def test_idle_keys_are_forgotten():
     clock.advance(1.0)
     for i in range(5000, 10000):
         assert admit(g, i)
-    assert len(g._keys) < 6000  # refilled keys were swept, not kept for ever
+    assert len(g._admission) < 6000  # refilled keys were swept, not kept for ever
 
 
 # ---------------------------------------------------------------------------

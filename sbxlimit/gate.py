@@ -5,23 +5,11 @@ of both): at most ``max_concurrent`` calls in flight, at most ``rate`` calls
 per period (a token bucket), each call at most ``timeout`` long.  It works
 the same on every OS: nothing here touches the system.
 
-How it is built:
-
-* One :class:`threading.Lock` per gate guards all state.  It is held only
-  for a few arithmetic steps, never across a wait or a call, so taking it
-  from an event loop's thread does not stall the loop.
-* Each key has a FIFO queue of waiters.  Admission is *handed off*: when a
-  slot frees up or a token is due, the gate takes the slot and the token on
-  behalf of the waiter at the head of the queue and then wakes it.  A newcomer
-  can never overtake a queued waiter, because it is admitted directly only
-  when the queue is empty.  This gives FIFO fairness and exact counts.
-* A waiter is a thread (woken through a :class:`threading.Event`) or an
-  asyncio task on any event loop (woken through a future resolved with
-  ``loop.call_soon_threadsafe``), so one gate can be shared by threads and by
-  several event loops at once.
-* Tokens refill continuously with ``clock()``.  No background timer runs:
-  the waiter at the head of a queue that is short only of a token sleeps until
-  the token is due, then polls the bucket again.
+Admission (concurrency, the token bucket, first come first served waiting
+by threads and asyncio tasks alike) is the store's business:
+``_admission.Admission``, in memory.  The gate adds call timeouts, the
+audit events of denials and the API below.  ``sbxlimit.Gate`` is this
+module's ``Gate``.
 """
 
 from __future__ import annotations
@@ -35,12 +23,12 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar
 
 from . import audit
+from ._admission import Admission, KeyState
 from ._errors import CallTimeout, ConcurrencyLimited, ConfigError, RateLimited, _key_text
 from ._limits import Count, Duration
 from ._settings import manifest_execution
@@ -53,9 +41,6 @@ _R = TypeVar("_R")
 
 _log = logging.getLogger("sbxlimit.gate")
 
-# Tokens are floats; a bucket this close to a whole token counts as having it
-# (0.6 s at 100/minute must buy exactly one call, float rounding or not).
-_EPS = 1e-9
 _PERIOD_NAMES = {1.0: "second", 60.0: "minute", 3600.0: "hour"}
 
 
@@ -112,61 +97,6 @@ def _check_key(key: object) -> None:
         raise ConfigError(
             "key", key, "must be hashable (an agent id, a tool name, or a tuple of them)"
         ) from None
-
-
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-class _Waiter:
-    """One queued call: a thread (``loop is None``) or an asyncio task."""
-
-    __slots__ = ("deadline", "enqueued", "event", "fut", "gone", "granted", "loop")
-
-    def __init__(self, deadline: float | None, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.enqueued = time.monotonic()
-        self.deadline = deadline  # time.monotonic() value, or None: for ever
-        self.granted = False  # the gate took a slot and a token for it
-        self.gone = False  # left the queue without a grant (refused, cancelled)
-        self.loop = loop
-        self.event = threading.Event() if loop is None else None
-        self.fut: asyncio.Future[None] | None = None
-
-    def notify(self) -> bool:
-        """Wake the waiter (under the gate's lock).  False if it cannot be
-        woken any more: its event loop is closed."""
-        if self.event is not None:
-            self.event.set()
-            return True
-        fut, loop = self.fut, self.loop
-        if fut is None or loop is None:
-            return True  # not waiting yet: it checks its state before it waits
-        try:
-            loop.call_soon_threadsafe(_resolve, fut)
-        except RuntimeError:  # the loop is closed
-            return False
-        return True
-
-
-class _KeyState:
-    """Everything a gate knows about one key."""
-
-    __slots__ = ("in_flight", "queue", "stamp", "tokens")
-
-    def __init__(self, tokens: float, stamp: float) -> None:
-        self.in_flight = 0
-        self.tokens = tokens
-        self.stamp = stamp  # clock() when tokens was last brought up to date
-        self.queue: deque[_Waiter] = deque()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -238,14 +168,11 @@ class Gate:
     """
 
     __slots__ = (
+        "_admission",
         "_capacity",
-        "_clock",
-        "_keys",
-        "_lock",
         "_max",
         "_per_second",
         "_rate_text",
-        "_sweep_at",
         "_timeout",
         "_wait",
     )
@@ -281,10 +208,13 @@ class Gate:
             raise ConfigError(
                 "Gate.clock", clock, "expected a callable returning seconds, like time.monotonic"
             )
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._keys: dict[Hashable, _KeyState] = {}
-        self._sweep_at = 1024
+        self._admission = Admission(
+            max_concurrent=self._max,
+            per_second=self._per_second,
+            capacity=self._capacity,
+            rate_text=self._rate_text,
+            clock=clock,
+        )
 
     # -- constructors -------------------------------------------------------
 
@@ -394,254 +324,29 @@ class Gate:
     def stats(self, key: Hashable) -> GateStats:
         """What the gate holds for ``key`` now (read-only)."""
         _check_key(key)
-        with self._lock:
-            st = self._keys.get(key)
-            in_flight = queued = 0
-            tokens: float | None = None
-            if self._per_second is not None and self._capacity is not None:
-                tokens = float(self._capacity)
-            if st is not None:
-                in_flight, queued = st.in_flight, len(st.queue)
-                if tokens is not None and self._per_second is not None:
-                    elapsed = max(0.0, self._clock() - st.stamp)
-                    tokens = min(tokens, st.tokens + elapsed * self._per_second)
+        in_flight, queued, tokens = self._admission.snapshot(key)
         return GateStats(key, in_flight, queued, tokens, self._capacity, self._max)
-
-    # -- admission (all under self._lock unless said otherwise) --------------
-
-    def _state(self, key: Hashable) -> _KeyState:
-        st = self._keys.get(key)
-        if st is None:
-            if len(self._keys) >= self._sweep_at:
-                self._sweep()
-            st = self._keys[key] = _KeyState(float(self._capacity or 0), self._clock())
-        return st
-
-    def _sweep(self) -> None:
-        """Forget keys that are back to a fresh state, so that a gate fed
-        many keys does not grow for ever (amortised: runs when the table has
-        doubled since the last sweep)."""
-        now = self._clock()
-        for key, st in list(self._keys.items()):
-            if st.in_flight == 0 and not st.queue:
-                self._refill(st, now)
-                if self._capacity is None or st.tokens >= self._capacity - _EPS:
-                    del self._keys[key]
-        self._sweep_at = max(1024, 2 * len(self._keys))
-
-    def _refill(self, st: _KeyState, now: float) -> None:
-        if self._per_second is None or self._capacity is None:
-            return
-        elapsed = now - st.stamp
-        if elapsed > 0:  # a clock that steps back refills nothing
-            st.tokens = min(float(self._capacity), st.tokens + elapsed * self._per_second)
-            st.stamp = now
-
-    def _can_admit(self, st: _KeyState) -> bool:
-        return self._slot_free(st) and (self._per_second is None or st.tokens >= 1 - _EPS)
-
-    def _slot_free(self, st: _KeyState) -> bool:
-        return self._max is None or st.in_flight < self._max
-
-    def _take(self, st: _KeyState) -> None:
-        st.in_flight += 1
-        if self._per_second is not None:
-            st.tokens = max(0.0, st.tokens - 1)
-
-    def _untake(self, st: _KeyState) -> None:
-        """Give back a grant that was never used (its caller went away)."""
-        st.in_flight -= 1
-        if self._per_second is not None and self._capacity is not None:
-            st.tokens = min(float(self._capacity), st.tokens + 1)
-
-    def _token_eta(self, st: _KeyState, needed: int) -> float:
-        """Seconds until the bucket holds `needed` tokens (0 without a rate)."""
-        if self._per_second is None:
-            return 0.0
-        return max(0.0, (needed - st.tokens) / self._per_second)
-
-    def _dispatch(self, st: _KeyState, *, freed: bool = False) -> None:
-        """Admit queued waiters, first come first served, while a slot and a
-        token are free; wake a new head so that it can time the next token.
-
-        `freed`: a slot was just given back.  A head that was waiting for a
-        slot may now be short only of a token, which no one else will tell it
-        about: wake it too.
-        """
-        self._refill(st, self._clock())
-        head = st.queue[0] if st.queue else None
-        while st.queue:
-            w = st.queue[0]
-            if w.loop is not None and w.loop.is_closed():
-                st.queue.popleft()  # nobody will ever await this one
-                w.gone = True
-                continue
-            if not self._can_admit(st):
-                break
-            st.queue.popleft()
-            self._take(st)
-            w.granted = True
-            if not w.notify():
-                w.granted, w.gone = False, True
-                self._untake(st)
-        if st.queue and (freed or st.queue[0] is not head):
-            st.queue[0].notify()
-
-    def _denial(
-        self, st: _KeyState, key: Hashable, position: int, waited: float
-    ) -> RateLimited | ConcurrencyLimited:
-        """The error for a call refused at `position` in the queue."""
-        err: RateLimited | ConcurrencyLimited
-        if not self._slot_free(st) or self._rate_text is None:
-            assert self._max is not None
-            err = ConcurrencyLimited(key, self._max, waited)
-        else:
-            err = RateLimited(key, self._rate_text, self._token_eta(st, position + 1))
-        return err
-
-    def _enter(
-        self,
-        st: _KeyState,
-        key: Hashable,
-        wait: float | None,
-        loop: asyncio.AbstractEventLoop | None,
-    ) -> _Waiter | None:
-        """Admit at once (None) or queue a waiter; refuse if `wait` is 0."""
-        self._dispatch(st)
-        if not st.queue and self._can_admit(st):
-            self._take(st)
-            return None
-        if wait == 0:
-            raise self._denial(st, key, len(st.queue), 0.0)
-        w = _Waiter(None if wait is None else time.monotonic() + wait, loop)
-        st.queue.append(w)
-        return w
-
-    def _poll(self, st: _KeyState, key: Hashable, w: _Waiter) -> tuple[bool, float | None]:
-        """(admitted?, seconds to sleep before polling again; None: until woken).
-
-        Refuses the waiter when its wait is over, or at once when it is at the
-        head, short only of a token, and the token is due after its deadline.
-        """
-        if not w.granted:
-            self._dispatch(st)
-        if w.granted:
-            return True, None
-        now = time.monotonic()
-        remaining = None if w.deadline is None else w.deadline - now
-        if remaining is not None and remaining <= 0:
-            raise self._give_up(st, key, w, now)
-        delay = remaining
-        if st.queue[0] is w and self._slot_free(st):
-            eta = self._token_eta(st, 1)
-            if remaining is not None and eta > remaining:
-                raise self._give_up(st, key, w, now)
-            # A floor, so that a fake clock that stands still cannot make the
-            # head spin.
-            eta = max(eta, 0.001)
-            delay = eta if delay is None else min(delay, eta)
-        return False, delay
-
-    def _give_up(
-        self, st: _KeyState, key: Hashable, w: _Waiter, now: float
-    ) -> RateLimited | ConcurrencyLimited:
-        position = st.queue.index(w)
-        del st.queue[position]
-        w.gone = True
-        if position == 0 and st.queue:
-            st.queue[0].notify()
-        self._dispatch(st)
-        return self._denial(st, key, position, now - w.enqueued)
-
-    def _abandon(self, st: _KeyState, w: _Waiter) -> None:
-        """The waiter's thread or task stopped waiting (an exception, a
-        cancellation): give back its grant or take it out of the queue."""
-        if w.gone:
-            return
-        freed = w.granted
-        if w.granted:
-            w.granted = False
-            self._untake(st)
-        else:
-            position = st.queue.index(w)
-            del st.queue[position]
-            if position == 0 and st.queue:
-                st.queue[0].notify()
-        w.gone = True
-        self._dispatch(st, freed=freed)
 
     # -- acquire and release (called without the lock) ----------------------
 
-    def _acquire_sync(self, key: Hashable, wait: float | None) -> _KeyState:
+    # -- admission (the store: _admission) --------------------------------------
+
+    def _acquire_sync(self, key: Hashable, wait: float | None) -> KeyState:
         try:
-            return self._acquire_sync_locked(key, wait)
+            return self._admission.acquire(key, wait)
         except (RateLimited, ConcurrencyLimited) as e:
             _audit_denied(e)  # outside the lock: a subscriber may use the gate
             raise
 
-    async def _acquire_async(self, key: Hashable, wait: float | None) -> _KeyState:
+    async def _acquire_async(self, key: Hashable, wait: float | None) -> KeyState:
         try:
-            return await self._acquire_async_locked(key, wait)
+            return await self._admission.aacquire(key, wait)
         except (RateLimited, ConcurrencyLimited) as e:
             _audit_denied(e)
             raise
 
-    def _acquire_sync_locked(self, key: Hashable, wait: float | None) -> _KeyState:
-        if wait != 0 and _in_event_loop():
-            raise RuntimeError(
-                "Gate: a blocking wait inside a running event loop would stall it. "
-                "Hint: use `async with gate.call(key)` or `await gate.arun(...)` there, "
-                "or pass wait=0."
-            )
-        with self._lock:
-            st = self._state(key)
-            w = self._enter(st, key, wait, None)
-            if w is None:
-                return st
-        event = w.event
-        assert event is not None
-        try:
-            while True:
-                with self._lock:
-                    admitted, delay = self._poll(st, key, w)
-                    if admitted:
-                        return st
-                    event.clear()
-                event.wait(delay)
-        except BaseException:
-            with self._lock:
-                self._abandon(st, w)
-            raise
-
-    async def _acquire_async_locked(self, key: Hashable, wait: float | None) -> _KeyState:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            st = self._state(key)
-            w = self._enter(st, key, wait, loop)
-            if w is None:
-                return st
-        try:
-            while True:
-                with self._lock:
-                    admitted, delay = self._poll(st, key, w)
-                    if admitted:
-                        return st
-                    fut = w.fut = loop.create_future()
-                timer = None if delay is None else loop.call_later(delay, _resolve, fut)
-                try:
-                    await fut
-                finally:
-                    if timer is not None:
-                        timer.cancel()
-        except BaseException:
-            with self._lock:
-                self._abandon(st, w)
-            raise
-
-    def _release(self, st: _KeyState) -> None:
-        with self._lock:
-            st.in_flight -= 1
-            self._dispatch(st, freed=True)
+    def _release(self, st: KeyState) -> None:
+        self._admission.release(st)
 
 
 def _audit_denied(err: RateLimited | ConcurrencyLimited) -> None:
@@ -682,7 +387,7 @@ class GateCall:
         self.timeout = timeout
         self.wait = wait
         self._used = False
-        self._state: _KeyState | None = None
+        self._state: KeyState | None = None
         self._started: float | None = None
         self._timer: asyncio.Timeout | None = None
 
@@ -772,7 +477,7 @@ class GateCall:
                 self._gate._release(st)
         return self._run_in_worker(st, fn, args, kwargs)
 
-    def _run_in_worker(self, st: _KeyState, fn: Callable[..., _R], args: Any, kwargs: Any) -> _R:
+    def _run_in_worker(self, st: KeyState, fn: Callable[..., _R], args: Any, kwargs: Any) -> _R:
         assert self.timeout is not None
         out = _Outcome()
         done = threading.Event()
