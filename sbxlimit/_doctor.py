@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _core
+from . import _core, _platform
 from ._cgroup import discover
 from ._cgroupfs import mounts, own_cgroups, v2_mount
 from ._limits import Limits
@@ -41,7 +41,7 @@ OK, DEGRADED, UNAVAILABLE, INFO = "ok", "degraded", "unavailable", "info"
 _MARKS = {OK: "✓", DEGRADED: "!", UNAVAILABLE: "✗", INFO: "·"}
 _COLORS = {OK: "\033[32m", DEGRADED: "\033[33m", UNAVAILABLE: "\033[31m", INFO: "\033[2m"}
 _TIMEOUT_MS = 1000
-_LINUX = sys.platform.startswith("linux")
+_LINUX = _platform.LINUX
 
 # The request the summary is computed for: every limit and the default
 # Policy, i.e. "the default protections".
@@ -172,7 +172,7 @@ def doctor() -> Report:
             _check_capabilities,
             _check_container,
         ]
-    elif sys.platform == "darwin":
+    elif _platform.DARWIN:
         probes = [
             _check_spawn,
             _check_rlimits,

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import resource
-import sys
 from typing import TYPE_CHECKING, Any
+
+from . import _platform
 
 if TYPE_CHECKING:
     from ._cgroup import CgroupStats
@@ -99,7 +100,7 @@ class Evidence:
 
 
 # ru_maxrss is KiB on Linux, bytes on macOS.
-_MAXRSS_UNIT = 1 if sys.platform == "darwin" else 1024
+_MAXRSS_UNIT = 1 if _platform.DARWIN else 1024
 
 
 def usage(

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from . import _platform
 from ._errors import ConfigError
 from ._evidence import Usage
 from ._limits import Limits
@@ -37,7 +38,6 @@ __all__ = ["Popen"]
 # Running sandboxes that hold a cgroup and die with this process
 # (PR_SET_PDEATHSIG): ended and cleaned up at exit, see _end_at_exit.
 _dying_with_us: weakref.WeakSet[Popen] = weakref.WeakSet()
-_LINUX = sys.platform.startswith("linux")
 
 
 class Popen(subprocess.Popen):  # type: ignore[type-arg]
@@ -114,7 +114,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if die_with_parent is not None:
             if not isinstance(die_with_parent, bool):
                 raise ConfigError("die_with_parent", die_with_parent, "expected a bool or None")
-            if die_with_parent and not _LINUX:
+            if die_with_parent and not _platform.LINUX:
                 raise ConfigError(
                     "die_with_parent",
                     True,

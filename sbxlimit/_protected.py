@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable
 
+from . import _platform
 from ._policy import DOTFILES, DOTFILES_DARWIN
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
     "within",
 ]
 
-DARWIN = sys.platform == "darwin"
+DARWIN = _platform.DARWIN
 
 MAX_DEPTH = 4
 MAX_DIRS = 2000

@@ -139,7 +139,7 @@ class _Body:
         self.baseline = 0
         self.rss_baseline = 0
         self.cgroup_memory = discover().has("memory")
-        if self.asked is not None and not self.cgroup_memory and sys.platform == "linux":
+        if self.asked is not None and not self.cgroup_memory and _linux():
             from ._limits import Limits
 
             assert self.limits is not None
@@ -425,3 +425,9 @@ def _receive(fd: int, p: Popen) -> bytes | None:
                 done = True
                 break
             buf += chunk
+
+
+def _linux() -> bool:
+    from . import _platform  # not at import: loading the plugin loads none of the core
+
+    return _platform.LINUX

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import _core, _landlock, _namespaces, _protected, _seatbelt, _workspace, audit
+from . import _core, _landlock, _namespaces, _platform, _protected, _seatbelt, _workspace, audit
 from . import _spawn as _spawn_mod
 from ._cgroup import Cgroup, CgroupStats, discover, warn_explicit_site
 from ._errors import ConfigError, UnsupportedError, setup_error
@@ -56,7 +56,6 @@ __all__ = ["DEFAULT_INTERVAL", "NO_PLAN", "Sandbox"]
 _ids = itertools.count(1)
 DEFAULT_INTERVAL = 0.1
 NO_PLAN = Plan()  # a plain Popen: no limits, no policy
-_LINUX = sys.platform.startswith("linux")
 
 
 def _readable(fd: int) -> bool:
@@ -338,7 +337,11 @@ class Sandbox:
             pgid = process_group
             die = self.die_with_parent
             if die is None:  # default: sandboxes started from the main thread
-                die = p.active and _LINUX and threading.current_thread() is threading.main_thread()
+                die = (
+                    p.active
+                    and _platform.LINUX
+                    and threading.current_thread() is threading.main_thread()
+                )
             pdeathsig = signal.SIGKILL if die else 0
             self.dies_with_us = bool(pdeathsig)
             child_out, child_err = c2pwrite, errwrite

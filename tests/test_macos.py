@@ -269,9 +269,7 @@ def test_die_with_parent_is_said_unenforced_on_macos(darwin_plan):
 
 
 def test_die_with_parent_true_is_refused_where_there_is_no_such_signal(monkeypatch):
-    from sbxlimit import _popen
-
-    monkeypatch.setattr(_popen, "_LINUX", False)
+    monkeypatch.setattr(_platform, "LINUX", False)
     with pytest.raises(sbxlimit.ConfigError, match="parent-death signal"):
         sbxlimit.Popen(["true"], die_with_parent=True)
 
