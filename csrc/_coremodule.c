@@ -124,6 +124,61 @@ static int to_ints(PyObject *seq, const char *what, int **out, size_t *n_out)
     return 0;
 }
 
+/* A uid or gid over the whole uid_t/gid_t range, as CPython's converters
+ * take it: -1 (or the type's all-ones value) means "unchanged". */
+static int to_id(PyObject *o, const char *what, long long *out)
+{
+    long long v = PyLong_AsLongLong(o);
+
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < -1) {
+        PyErr_Format(PyExc_OverflowError, "%s is less than minimum", what);
+        return -1;
+    }
+    if (v > (long long)(uint32_t)-1) {
+        PyErr_Format(PyExc_OverflowError, "%s is greater than maximum", what);
+        return -1;
+    }
+    *out = v == (long long)(uint32_t)-1 ? -1 : v;
+    return 0;
+}
+
+/* Supplementary groups as gid_t, over the whole range (setgroups refuses
+ * (gid_t)-1 itself, as it does for subprocess). */
+static int to_gids(PyObject *seq, gid_t **out, size_t *n_out)
+{
+    PyObject *fast = PySequence_Fast(seq, "groups must be a sequence");
+    Py_ssize_t i, n;
+
+    if (!fast)
+        return -1;
+    n = PySequence_Fast_GET_SIZE(fast);
+    *out = PyMem_Calloc((size_t)n + 1, sizeof **out);
+    if (!*out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        if (v < 0 || v > (long long)(uint32_t)-1) {
+            Py_DECREF(fast);
+            PyErr_SetString(PyExc_ValueError, "invalid group id");
+            return -1;
+        }
+        (*out)[i] = (gid_t)v;
+    }
+    Py_DECREF(fast);
+    *n_out = (size_t)n;
+    return 0;
+}
+
 static int to_u64_limit(PyObject *o, uint64_t *out)
 {
     long long v;
@@ -272,7 +327,7 @@ static void close_all(const int *fds, size_t n)
 static PyObject *core_spawn(PyObject *self, PyObject *args)
 {
     PyObject *exec_paths, *argv, *envp, *cwd, *keep_fds, *close_after, *groups, *rlimits;
-    PyObject *cgroup_procs, *ns;
+    PyObject *cgroup_procs, *ns, *gid_o, *uid_o;
     PyObject *preexec_fn;
     PyObject *cwd_bytes = NULL, *result = NULL;
     int fd_in, fd_out, fd_err, close_fds, restore_signals, new_session, no_new_privs;
@@ -280,7 +335,7 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     int drop_caps;
     unsigned long long caps_keep;
     uint64_t filter[SBX_SECCOMP_MAX]; /* struct sock_filter is 8 bytes */
-    long gid, uid;
+    long long gid = -1, uid = -1;
     int *closing = NULL;
     size_t n_closing = 0;
     struct spec_storage st;
@@ -293,9 +348,9 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     (void)self;
     memset(&st, 0, sizeof st);
     memset(&spec, 0, sizeof spec);
-    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOlliOipiKiiOiOOii:spawn", &exec_paths, &argv, &envp,
+    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOOOiOipiKiiOiOOii:spawn", &exec_paths, &argv, &envp,
                           &cwd, &fd_in, &fd_out, &fd_err, &close_fds, &keep_fds, &close_after,
-                          &restore_signals, &new_session, &pgid, &groups, &gid, &uid, &umask_,
+                          &restore_signals, &new_session, &pgid, &groups, &gid_o, &uid_o, &umask_,
                           &rlimits, &pdeathsig, &no_new_privs, &drop_caps, &caps_keep, &seccomp,
                           &landlock_fd, &ns, &cgroup_dirfd, &cgroup_procs, &preexec_fn, &fail_step,
                           &fail_errno))
@@ -370,24 +425,13 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         goto done;
     }
     if (groups != Py_None) {
-        int *tmp = NULL;
-        size_t i;
-        if (to_ints(groups, "groups must be a sequence", &tmp, &spec.n_groups) < 0) {
-            PyMem_Free(tmp);
+        if (to_gids(groups, &st.groups, &spec.n_groups) < 0)
             goto done;
-        }
-        st.groups = PyMem_Calloc(spec.n_groups + 1, sizeof *st.groups);
-        if (!st.groups) {
-            PyMem_Free(tmp);
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (i = 0; i < spec.n_groups; i++)
-            st.groups[i] = (gid_t)tmp[i];
-        PyMem_Free(tmp);
         spec.groups = st.groups;
         spec.set_groups = 1;
     }
+    if (to_id(gid_o, "gid", &gid) < 0 || to_id(uid_o, "uid", &uid) < 0)
+        goto done;
     if (to_rlimits(rlimits, &st, &spec.n_rlimits) < 0)
         goto done;
     spec.rlimits = st.rlimits;
@@ -399,8 +443,8 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.restore_signals = restore_signals;
     spec.new_session = new_session;
     spec.pgid = (pid_t)pgid;
-    spec.gid = gid;
-    spec.uid = uid;
+    spec.gid = (long)gid;
+    spec.uid = (long)uid;
     spec.umask = umask_;
     spec.pdeathsig = pdeathsig;
     spec.parent_pid = getpid();

@@ -280,6 +280,34 @@ def test_user_group_extra_groups(Popen):
     assert (uid, gid, sorted(groups)) == (b"65534", b"65534", [b"100", b"65534"])
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason=f"changing user needs CAP_SETUID ({privileges()})")
+def test_ids_over_the_whole_uid_t_and_gid_t_range(Popen):
+    # Above 2**31: a C long on the way would overflow; 2**32 - 1 is "unchanged".
+    big = 2**31 + 5
+    p = Popen(
+        ["/bin/sh", "-c", "echo $(id -u) $(id -G)"],
+        cwd="/",
+        user=big,
+        extra_groups=[big, 2**32 - 2],
+        stdout=subprocess.PIPE,
+    )
+    uid, *groups = p.communicate()[0].split()
+    assert (uid, sorted(groups)) == (str(big).encode(), [b"0", str(big).encode(), b"4294967294"])
+    with Popen(["true"], user=2**32 - 1, group=2**32 - 1) as unchanged:
+        assert unchanged.wait() == 0
+
+
+def test_ids_out_of_range_are_refused_as_subprocess_refuses_them(Popen):
+    with pytest.raises(ValueError, match="invalid group id"):
+        Popen(["true"], extra_groups=[2**32])
+    with pytest.raises(OverflowError):
+        Popen(["true"], user=2**32)
+    with pytest.raises(OverflowError):
+        Popen(["true"], group=2**32)
+    with pytest.raises(ValueError):
+        Popen(["true"], extra_groups=[-5])
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason=f"root may change user ({privileges()})")
 def test_user_change_refused_unprivileged(Popen):
     with pytest.raises(PermissionError):
