@@ -254,6 +254,16 @@ def _child_report(
     item.user_properties[:] = list(report.user_properties)
     for message, category, filename, lineno in payload["warnings"]:
         warnings.showwarning(message, category, filename, lineno)
+    _junitxml_apply(config, item, payload.get("junitxml"))
+    counts = _failed_subtests_counts(config)
+    if counts is not None and payload.get("failed_subtests"):
+        counts[item.nodeid] += payload["failed_subtests"]
+    # What the body logged during the call (subtests, other plugins'
+    # reports), before the call's own report, as it came.
+    for data in payload.get("logged", ()):
+        logged = config.hook.pytest_report_from_serializable(config=config, data=data)
+        if logged is not None:
+            item.ihook.pytest_runtest_logreport(report=logged)
     reported_in_child(item)
     if term.is_limit:  # the body reported, then a limit ended the child
         report.outcome = "failed"
@@ -332,6 +342,8 @@ def _child_call(
 
     config = item.config
     before = len(getattr(item, "_report_sections", ()))
+    logged = _collect_logreports(config)
+    xml_before = _junitxml_state(config, item)
     spare = bytearray(_RESERVE) if reserve else None
     if faulthandler.is_enabled():
         # To fd 2, which is the captured stderr while the body runs: a
@@ -355,7 +367,96 @@ def _child_call(
         "sections": list(getattr(item, "_report_sections", ())[before:]),
         "warnings": [_warning_data(w) for w in caught],
         "memory_error": memory_error,
+        "logged": logged,
+        "junitxml": _junitxml_changes(config, item, xml_before),
+        "failed_subtests": _failed_subtests(config, item),
     }
+
+
+def _failed_subtests_counts(config: pytest.Config) -> Any:
+    """pytest's count of failed subtests per test (pytest 9's ``subtests``
+    and unittest's ``subTest``), from which it fails a test that passed
+    but holds failed subtests; None where this pytest has none."""
+    try:
+        from _pytest.subtests import failed_subtests_key
+    except ImportError:  # pragma: no cover - before pytest 9
+        return None
+    return config.stash.get(failed_subtests_key, None)
+
+
+def _failed_subtests(config: pytest.Config, item: pytest.Item) -> int:
+    counts = _failed_subtests_counts(config)
+    return int(counts[item.nodeid]) if counts is not None else 0
+
+
+def _collect_logreports(config: pytest.Config) -> list[dict[str, Any]]:
+    """In the forked child: from now on, a report logged during the call
+    (``pytest_runtest_logreport``: a subtest's, another plugin's) is kept,
+    as data, for this process to log; none of the child's own reporting
+    plugins see it (it would be shown and counted twice).  The child ends
+    with the call."""
+    pm = config.pluginmanager
+    kept: list[dict[str, Any]] = []
+
+    class _Keep:
+        def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+            kept.append(config.hook.pytest_report_to_serializable(config=config, report=report))
+
+    keep = _Keep()
+    pm.register(keep, "sbxlimit-forward-logreport")
+    others = [
+        impl.plugin
+        for impl in pm.hook.pytest_runtest_logreport.get_hookimpls()
+        if impl.plugin is not keep
+    ]
+    # Every caller of the hook (item.ihook, a fixture's saved ihook, a
+    # conftest's subset) reaches it through this attribute.
+    subset = pm.subset_hook_caller("pytest_runtest_logreport", remove_plugins=others)
+    setattr(pm.hook, "pytest_runtest_logreport", subset)  # noqa: B010  (HookRelay's attribute)
+    return kept
+
+
+def _junitxml(config: pytest.Config) -> Any:
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover - another pytest layout
+        return None
+    return config.stash.get(xml_key, None)
+
+
+def _junitxml_state(config: pytest.Config, item: pytest.Item) -> tuple[Any, ...] | None:
+    """What junitxml holds for this test and the suite, before the call."""
+    xml = _junitxml(config)
+    if xml is None:
+        return None
+    node = xml.node_reporter(item.nodeid)
+    return (dict(node.attrs), len(xml.global_properties))
+
+
+def _junitxml_changes(
+    config: pytest.Config, item: pytest.Item, before: tuple[Any, ...] | None
+) -> dict[str, Any] | None:
+    """What the body recorded for junitxml (record_xml_attribute,
+    record_testsuite_property), as data."""
+    xml = _junitxml(config)
+    if xml is None or before is None:
+        return None
+    attrs_before, n_props = before
+    attrs = xml.node_reporter(item.nodeid).attrs
+    return {
+        "attrs": {k: v for k, v in attrs.items() if attrs_before.get(k) != v},
+        "global_properties": list(xml.global_properties[n_props:]),
+    }
+
+
+def _junitxml_apply(config: pytest.Config, item: pytest.Item, changes: Any) -> None:
+    xml = _junitxml(config)
+    if xml is None or not changes:
+        return
+    node = xml.node_reporter(item.nodeid)
+    for name, value in changes["attrs"].items():
+        node.add_attribute(name, value)
+    xml.global_properties.extend(changes["global_properties"])
 
 
 def _warning_data(w: warnings.WarningMessage) -> tuple[Any, ...]:

@@ -359,3 +359,93 @@ def test_loading_the_plugin_imports_only_the_plugin() -> None:
     assert [m for m in out if not m.startswith(("sbxlimit._pytest_", "sbxlimit.pytest_"))] == [
         "sbxlimit"
     ]
+
+
+FORWARDED = """
+import unittest
+import warnings
+
+class T(unittest.TestCase):
+    def test_subtests(self):
+        for i in range(3):
+            with self.subTest(i=i):
+                self.assertNotEqual(i, 1)
+
+def test_pytest_subtests(subtests):
+    for i in range(3):
+        with subtests.test(i=i):
+            assert i != 2
+
+def test_property(record_property):
+    record_property("answer", 42)
+
+def test_xml_attribute(record_xml_attribute):
+    record_xml_attribute("flavour", "sandboxed")
+
+def test_suite_property(record_testsuite_property):
+    record_testsuite_property("suite-answer", "yes")
+
+def test_warns():
+    warnings.warn("warned in the body", UserWarning)
+
+def test_plugin_report():
+    pass
+"""
+
+FORWARDED_CONFTEST = """
+import os
+import pytest
+
+def pytest_collection_modifyitems(items):
+    if os.environ.get("SBX_MARK_ALL"):
+        for item in items:
+            item.add_marker(pytest.mark.sbxlimit(wall_time="30s"))
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    # Another plugin that reports during the call phase.
+    result = yield
+    if item.name == "test_plugin_report":
+        report = pytest.TestReport(
+            item.nodeid, item.location, {}, "failed", "reported by a plugin", "call"
+        )
+        item.ihook.pytest_runtest_logreport(report=report)
+    return result
+"""
+
+
+def test_a_forked_body_reports_what_it_would_report_unforked(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every test marked, then none: the same outcomes, subtests (unittest's
+    # and pytest's) and plugins' reports included, the same junit XML
+    # properties and attributes, the same warnings.
+    inner.makepyfile(test_fwd=FORWARDED)
+    inner.makeconftest(FORWARDED_CONFTEST)
+    runs = {}
+    for marked in (False, True):
+        if marked:
+            monkeypatch.setenv("SBX_MARK_ALL", "1")
+        xml = inner.path / f"{'marked' if marked else 'plain'}.xml"
+        result = inner.runpytest_subprocess(
+            "-p", "no:cacheprovider", "-rA", "-o", "junit_family=xunit1", f"--junitxml={xml}"
+        )
+        lines = sorted(
+            ln.split(" - ")[0]
+            for ln in result.outlines
+            if ln.startswith(("PASSED", "FAILED", "SUBPASSED", "SUBFAILED"))
+        )
+        runs[marked] = (result.parseoutcomes(), lines, xml.read_text(), result.stdout.str())
+    plain, marked_run = runs[False], runs[True]
+    assert plain[0]["failed"] == 4 and plain[0]["passed"] == 6
+    assert marked_run[0] == plain[0]
+    assert marked_run[1] == plain[1]
+    assert "SUBFAILED(i=1) test_fwd.py::T::test_subtests" in marked_run[1]
+    assert "FAILED test_fwd.py::test_pytest_subtests" in marked_run[1]
+    for needle in (
+        'name="answer" value="42"',
+        'flavour="sandboxed"',
+        'name="suite-answer" value="yes"',
+    ):
+        assert needle in plain[2] and needle in marked_run[2], needle
+    assert "UserWarning: warned in the body" in marked_run[3]
