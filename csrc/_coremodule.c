@@ -164,8 +164,12 @@ static int to_gids(PyObject *seq, gid_t **out, size_t *n_out)
         long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
 
         if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(fast);
-            return -1;
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                Py_DECREF(fast);
+                return -1;
+            }
+            PyErr_Clear(); /* past long long: out of range as any other */
+            v = -2;
         }
         if (v < 0 || v > (long long)(uint32_t)-1) {
             Py_DECREF(fast);
