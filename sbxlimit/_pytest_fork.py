@@ -474,21 +474,47 @@ def _warning_data(w: warnings.WarningMessage) -> tuple[Any, ...]:
     return (message, category, w.filename, w.lineno)
 
 
+class _Repr(str):
+    """What stands for a value that does not pickle (a subtest's keyword
+    argument that is a local class, a plugin's odd report attribute): its
+    repr, shown as the value itself would be."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _picklable(value: Any) -> Any:
+    """`value`, with every part that does not pickle replaced by its repr."""
+    import pickle
+
+    try:
+        pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        return value
+    except Exception:
+        pass
+    # Only the plain containers are opened: a subclass (a NamedTuple, an
+    # OrderedDict) is rebuilt differently, so it travels as its repr.
+    if type(value) is dict:
+        return {k: _picklable(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_picklable(v) for v in value)
+    try:
+        return _Repr(repr(value))
+    except Exception:
+        return _Repr(f"<{type(value).__name__} object>")
+
+
 def _send(fd: int, payload: dict[str, Any]) -> None:
-    """One length-prefixed pickle; values that do not pickle are replaced
-    by their repr (a plugin's extra report attribute, say)."""
+    """One length-prefixed pickle; parts that do not pickle travel as their
+    repr."""
     import pickle
 
     try:
         data = pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
     except Exception:
-        report = dict(payload["report"])
-        for key, value in report.items():
-            try:
-                pickle.dumps(value)
-            except Exception:
-                report[key] = repr(value)
-        data = pickle.dumps({**payload, "report": report}, pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(_picklable(payload), pickle.HIGHEST_PROTOCOL)
     view = memoryview(len(data).to_bytes(8, "big") + data)
     while view:
         view = view[os.write(fd, view) :]

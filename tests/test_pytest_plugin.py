@@ -390,6 +390,22 @@ def test_warns():
 
 def test_plugin_report():
     pass
+
+def test_unpicklable_subtest_params(subtests):
+    # Parameters that do not pickle (local classes) still reach the report.
+    from typing import NamedTuple
+
+    class Case(NamedTuple):
+        size: int
+        step: int
+
+    class Local:
+        def __repr__(self):
+            return "Local()"
+
+    for i, case in enumerate([Case(3, 1), Case(4, 2)]):
+        with subtests.test(case=case, other=[Local()]):
+            assert i != 1
 """
 
 FORWARDED_CONFTEST = """
@@ -437,11 +453,15 @@ def test_a_forked_body_reports_what_it_would_report_unforked(
         )
         runs[marked] = (result.parseoutcomes(), lines, xml.read_text(), result.stdout.str())
     plain, marked_run = runs[False], runs[True]
-    assert plain[0]["failed"] == 4 and plain[0]["passed"] == 6
+    assert plain[0]["failed"] == 6 and plain[0]["passed"] == 6
     assert marked_run[0] == plain[0]
     assert marked_run[1] == plain[1]
     assert "SUBFAILED(i=1) test_fwd.py::T::test_subtests" in marked_run[1]
     assert "FAILED test_fwd.py::test_pytest_subtests" in marked_run[1]
+    assert (
+        "SUBFAILED(case=Case(size=4, step=2), other=[Local()])"
+        " test_fwd.py::test_unpicklable_subtest_params" in marked_run[1]
+    )
     for needle in (
         'name="answer" value="42"',
         'flavour="sandboxed"',
