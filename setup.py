@@ -1,7 +1,8 @@
 """Declares the C extension only; metadata lives in pyproject.toml.
 
 Build switches (environment variables):
-  SBXLIMIT_DEBUG=1     -O0 -g -fsanitize=address,undefined; the child is fork()ed
+  SBXLIMIT_DEBUG=1     -O0 -g -fsanitize=address,undefined (the core; .ci/sanitize
+                       runs the tests under it); the child is fork()ed
                        instead of vfork()ed, since sanitizers cannot follow
                        a CLONE_VM child.  Run with
                        LD_PRELOAD="$(gcc -print-file-name=libasan.so)".
@@ -53,8 +54,14 @@ link_args: list[str] = []
 macros = [("_GNU_SOURCE", None)]
 if not os.environ.get("SBXLIMIT_NO_WERROR"):
     compile_args.append("-Werror")
+# The helper programs are built as in a release even then: they run inside
+# sandboxes, where ASan's shadow memory cannot be reserved under a memory
+# limit, and the static reaper is what runs in production.
+helper_compile_args = [*compile_args, "-Os"]
 if os.environ.get("SBXLIMIT_DEBUG"):
-    compile_args += ["-O0", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+    # Undefined behaviour aborts (a report alone could scroll by unseen).
+    compile_args += ["-O0", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+    compile_args += ["-fno-omit-frame-pointer"]
     link_args += ["-fsanitize=address,undefined"]
     macros.append(("SBX_NO_VFORK", "1"))
 
@@ -94,12 +101,12 @@ class BuildWithHelpers(build_ext):
                 output_dir=self.build_temp,
                 macros=macros,
                 include_dirs=["csrc"],
-                extra_postargs=[*compile_args, "-Os"],
+                extra_postargs=helper_compile_args,
             )
             for extra in link_options:
                 try:
                     self.compiler.link_executable(
-                        objs, name, output_dir=out, extra_postargs=[*link_args, *extra]
+                        objs, name, output_dir=out, extra_postargs=extra
                     )
                     break
                 except Exception as e:  # e.g. no static libc: try the next way

@@ -58,7 +58,7 @@ def _kwargs(step: str, tmp_path) -> dict:
         "harden:seccomp": {"policy": sbxlimit.Policy(protect_dotfiles=False, workdir="/")},
         "landlock:restrict": {"policy": sbxlimit.Policy(workdir="/")},
         "preexec_fn": {"preexec_fn": lambda: None},
-        "pass_fds": {"pass_fds": [sys.stderr.fileno()]},
+        "pass_fds": {"pass_fds": [2]},  # fd 2 exists under any capture mode
         "close_fds": {},
         "signals:mask": {},
         "exec": {},

@@ -46,6 +46,12 @@ def _needs(ns, row: str):
 needs_netns = _needs(NET, "network_namespace")
 needs_mntns = _needs(MNT, "mount_namespace")
 needs_pidns = _needs(PIDNS, "pid_namespace")
+# A sanitizer build (SBXLIMIT_DEBUG=1) fork()s its children: its PID 1 is a
+# copy of the caller that reaps in place, and never execs the reaper.
+needs_vforked_pid1 = pytest.mark.skipif(
+    not sbxlimit._core.HAS_VFORK,
+    reason="PID 1 execs the reaper only when vforked; this build forks",
+)
 needs_tcp_rules = pytest.mark.skipif(
     not (ABI >= 4 and FILTER),
     reason=f"doctor: landlock ABI {ABI} (TCP rules need 4) and seccomp {FILTER}",
@@ -254,6 +260,7 @@ def test_isolate_pids_ends_as_the_program_did(script, code, pid1, monkeypatch):
 
 
 @needs_pidns
+@needs_vforked_pid1
 def test_pid_1_that_cannot_exec_the_reaper_fails_the_spawn_and_leaves_nothing(monkeypatch):
     monkeypatch.setattr(_namespaces, "REAPER", b"/nonexistent/_pid1")
     tag = tagged_sleep()
@@ -264,6 +271,7 @@ def test_pid_1_that_cannot_exec_the_reaper_fails_the_spawn_and_leaves_nothing(mo
 
 
 @needs_pidns
+@needs_vforked_pid1
 def test_pid_1_is_the_reaper_program_not_a_copy_of_the_caller():
     if not _namespaces.REAPER:
         pytest.skip("the reaper program was not built (setup.py builds sbxlimit/_pid1 on Linux)")
