@@ -105,9 +105,7 @@ class BuildWithHelpers(build_ext):
             )
             for extra in link_options:
                 try:
-                    self.compiler.link_executable(
-                        objs, name, output_dir=out, extra_postargs=extra
-                    )
+                    self.compiler.link_executable(objs, name, output_dir=out, extra_postargs=extra)
                     break
                 except Exception as e:  # e.g. no static libc: try the next way
                     print(f"{name} with {' '.join(extra)}: {e}", file=sys.stderr)
