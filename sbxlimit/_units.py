@@ -87,6 +87,16 @@ def _ceil(field: str, value: object, amount: Decimal, limit: int) -> int:
     return int(amount.to_integral_value(rounding=ROUND_CEILING))
 
 
+def _whole(field: str, value: object, digits: str) -> int:
+    """A run of decimal digits as an int; past any limit's size it is "too
+    large" (int() itself refuses more than 4300 digits with a ValueError
+    that would not name the field)."""
+    significant = digits.lstrip("0")
+    if len(significant) > 30:
+        raise ConfigError(field, value, "is too large")
+    return int(significant or "0")
+
+
 def _check_nul(field: str, value: str) -> None:
     if "\0" in value:
         raise ConfigError(field, value, "contains a NUL byte")
@@ -196,7 +206,7 @@ def parse_count(field: str, value: object, *, minimum: int = 1) -> int:
         _check_nul(field, value)
         if not re.match(r"^\s*[0-9]+\s*$", value):
             raise ConfigError(field, value, "not a whole number")
-        result = int(value)
+        result = _whole(field, value, value.strip())
     elif isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
             result = int(value)
@@ -219,7 +229,7 @@ def parse_rate(field: str, value: object) -> tuple[int, float]:
     m = _RATE_RE.match(value)
     if not m:
         raise ConfigError(field, value, "not a rate; use N/second, N/minute or N/hour")
-    count = int(m.group(1))
+    count = _whole(field, value, m.group(1))
     if count < 1:
         raise ConfigError(field, value, "must allow at least one call")
     if count > MAX_RATE:
