@@ -257,12 +257,13 @@ def _child_report(
     _junitxml_apply(config, item, payload.get("junitxml"))
     counts = _failed_subtests_counts(config)
     if counts is not None and payload.get("failed_subtests"):
-        counts[item.nodeid] += payload["failed_subtests"]
+        counts[_subtests_key(item)] += payload["failed_subtests"]
     # What the body logged during the call (subtests, other plugins'
     # reports), before the call's own report, as it came.
     for data in payload.get("logged", ()):
         logged = config.hook.pytest_report_from_serializable(config=config, data=data)
         if logged is not None:
+            _keep_subtest_params(logged, data)
             item.ihook.pytest_runtest_logreport(report=logged)
     reported_in_child(item)
     if term.is_limit:  # the body reported, then a limit ended the child
@@ -384,9 +385,30 @@ def _failed_subtests_counts(config: pytest.Config) -> Any:
     return config.stash.get(failed_subtests_key, None)
 
 
+def _subtests_key(item: pytest.Item) -> Any:
+    """The key of `item` in that count: its structured ``id`` from pytest
+    9.2 on, its ``nodeid`` string before."""
+    node: Any = item
+    return node.id if isinstance(getattr(type(item), "id", None), property) else item.nodeid
+
+
 def _failed_subtests(config: pytest.Config, item: pytest.Item) -> int:
     counts = _failed_subtests_counts(config)
-    return int(counts[item.nodeid]) if counts is not None else 0
+    return int(counts[_subtests_key(item)]) if counts is not None else 0
+
+
+def _keep_subtest_params(report: Any, data: Any) -> None:
+    """A subtest report's parameters as they were sent.  From pytest 9.2 a
+    subtest's context replaces its parameters by their repr when it is
+    made, so the one rebuilt here would show the repr of a repr
+    (``i='1'``)."""
+    import dataclasses
+
+    context = getattr(report, "context", None)
+    sent = data.get("_subtest.context") if isinstance(data, dict) else None
+    kwargs = sent.get("kwargs") if isinstance(sent, dict) else None
+    if dataclasses.is_dataclass(context) and isinstance(kwargs, dict):
+        object.__setattr__(context, "kwargs", kwargs)
 
 
 def _collect_logreports(config: pytest.Config) -> list[dict[str, Any]]:
