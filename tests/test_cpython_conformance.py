@@ -44,13 +44,18 @@ def _internal() -> dict[str, str]:
     return out
 
 
+def _own_dir(path):
+    path.mkdir()
+    return path
+
+
 def test_cpython_test_subprocess_passes_with_sbxlimit_popen(tmp_path):
     runs = {
         mode: subprocess.Popen(
             [sys.executable, RUNNER, mode],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=tmp_path,  # the test module makes files in its cwd
+            cwd=_own_dir(tmp_path / mode),  # the test module makes files (tempcwd) in its cwd
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )
         for mode in ("stdlib", "sbxlimit")

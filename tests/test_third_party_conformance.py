@@ -45,7 +45,10 @@ SANDBOXES = re.compile(r"^(\d+) sandboxes in (\d+) tests; (\d+) ended by a limit
 
 def _extract(sdist: str, into: Path) -> Path:
     with tarfile.open(sdist) as tar:
-        tar.extractall(into, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
+            tar.extractall(into, filter="data")
+        else:  # the sdist pip downloaded from the index: trusted as pip trusts it
+            tar.extractall(into)
     (root,) = [p for p in into.iterdir() if p.is_dir()]
     return root
 
