@@ -20,6 +20,8 @@ import functools
 import os
 import shutil
 import socket
+import threading
+import time
 import warnings
 from collections.abc import Iterable
 
@@ -29,7 +31,7 @@ from ._landlock import writable_rights
 from ._plan import Plan, Request
 from ._platform import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER
 from ._policy import Policy
-from ._protected import MAX_DEPTH, within
+from ._protected import MAX_DEPTH, TTL, within
 
 __all__ = [
     "CLONE_NEWNET",
@@ -395,16 +397,8 @@ def view(
         # memory of other processes is none of the sandbox's business.
         size = f",size={shm_size}" if shm_size else ""
         out.append((_core.VIEW_TMPFS, b"/dev/shm", f"mode=1777{size}".encode()))
-    read_only: dict[str, str] = {}  # path -> what is bound over it
-    for x in [*policy.deny_write, *protected]:
-        target = real(x)
-        if os.path.islink(x) and os.path.isfile(target):
-            # The program could replace the link with a file of its own:
-            # the target is bound over the link itself (a mount point cannot
-            # be unlinked or renamed over).  A directory cannot be mounted
-            # over a link: _protected.replaceable_links says so.
-            read_only.setdefault(_link_path(x), target)
-        read_only.setdefault(target, target)
+    # deny_write's entries before the protected paths' (as in Landlock).
+    read_only = _read_only_cached(tuple(protected)) | _read_only(policy.deny_write)
     for path, source in read_only.items():
         # Outside the writable trees the view is read-only already.
         if any(within(path, r) for r in rw) and os.path.lexists(path):
@@ -416,6 +410,47 @@ def view(
         elif os.path.lexists(path):
             out.append((_core.VIEW_HIDE, os.fsencode(path), b""))
     return out, ro_root, own_dev
+
+
+ReadOnly = dict[str, str]
+
+
+def _read_only(paths: Iterable[str]) -> ReadOnly:
+    """path -> what is bound over it, each path resolved: the child follows
+    no link."""
+    out: ReadOnly = {}
+    for x in paths:
+        target = os.path.realpath(x)
+        if os.path.islink(x) and os.path.isfile(target):
+            # The program could replace the link with a file of its own:
+            # the target is bound over the link itself (a mount point cannot
+            # be unlinked or renamed over).  A directory cannot be mounted
+            # over a link: _protected.replaceable_links says so.
+            out.setdefault(_link_path(x), target)
+        out.setdefault(target, target)
+    return out
+
+
+# The protected paths' resolution (some 30 paths, each a realpath: a third
+# of a policy spawn's Python time) is reused as long as the search that
+# found them (_protected.TTL): spawns come in bursts.  Whether each exists
+# is asked at every spawn.
+_resolved: dict[tuple[str, ...], tuple[float, ReadOnly]] = {}
+_resolved_lock = threading.Lock()
+
+
+def _read_only_cached(paths: tuple[str, ...]) -> ReadOnly:
+    now = time.monotonic()
+    with _resolved_lock:
+        hit = _resolved.get(paths)
+    if hit is not None and now - hit[0] < TTL:
+        return hit[1]
+    found = _read_only(paths)
+    with _resolved_lock:
+        if len(_resolved) > 16:
+            _resolved.clear()
+        _resolved[paths] = (now, found)
+    return found
 
 
 def _link_path(path: str) -> str:

@@ -292,6 +292,22 @@ def test_nothing_mounted_is_left_on_the_host(home):
         assert f.read() == before
 
 
+def test_a_dotfile_made_between_two_spawns_is_protected_in_the_second(tmp_path, monkeypatch):
+    # The protected paths' resolution is reused for a second (spawns come
+    # in bursts); whether each exists is not: a ~/.zshrc made just after
+    # one sandbox is read-only in the next.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    policy = Policy(writable_roots=[str(home)])
+    zshrc = home / ".zshrc"
+    assert sh(f"write touch {home}/notes", policy) == {"write": 0}
+    zshrc.write_text("# the user's own\n")
+    second = sh(f"write sh -c 'echo evil >> {zshrc}'", policy)
+    assert second["write"] != 0
+    assert zshrc.read_text() == "# the user's own\n"
+
+
 def test_dotfiles_that_do_not_exist_yet_are_named(home):
     r = sbxlimit.run(["true"], policy=Policy(writable_roots=[str(home)]))
     note = r.enforced["protect_dotfiles"]
