@@ -1,12 +1,14 @@
 """The supervisor: one thread watches every live sandbox of this process.
 
-It owns three kinds of work, all driven by one selector loop:
+It owns four kinds of work, all driven by one selector loop:
 
 * deadlines: ``wall_time`` (SIGTERM to the tree, SIGKILL ``kill_grace``
   later), and the pending SIGKILL of a tree kill;
 * sampling, every ``sample_interval``: the tree's memory and task count
   against ``memory``/``pids`` where no cgroup holds them;
-* output pumps (``_pump``): their fds are in its selector.
+* output pumps (``_pump``): their fds are in its selector;
+* cgroups: removing those of ended sandboxes, and making the next ones
+  ahead of need (``_cgpool``).
 
 There is no thread per sandbox.  Registering a sandbox wakes the loop only
 when it is due earlier than the loop's next wake-up.  Kills are recorded
@@ -30,11 +32,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import _core, _workspace, audit
+from ._cgpool import Pool
 from ._evidence import KillRecord, Samples
 from ._pump import Pump, fd_ident
 
 if TYPE_CHECKING:
-    from ._cgroup import Cgroup
+    from collections.abc import Callable
+
+    from ._cgroup import Cgroup, Site
 
 __all__ = ["Monitor", "Watch", "get_monitor", "signal_tree"]
 
@@ -254,6 +259,7 @@ class Monitor:
         self._exits: Any = select.epoll() if _HAS_PIDFD else None
         self._by_pidfd: dict[int, Watch] = {}
         self._retiring: dict[Cgroup, float] = {}  # cgroup → give up after
+        self._pool = Pool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
         self._sleep_until = math.inf
         self._last_busy = time.monotonic()
@@ -432,6 +438,16 @@ class Monitor:
         if fields is not None:
             self._deferred.append(fields)
 
+    def take_cgroup(
+        self, site: Site, settings: tuple[tuple[str, str, str], ...], name: Callable[[], str]
+    ) -> Cgroup | None:
+        """A cgroup made ahead of need (see _cgpool), or None; the next is
+        made here, while the caller waits for its child."""
+        cg = self._pool.take(site, settings, name)
+        if self._pool.wanted():
+            self._wake()
+        return cg
+
     def retire(self, cg: Cgroup) -> None:
         """Remove `cg` once it is empty (a killed cgroup takes a few ms)."""
         with self._lock:
@@ -448,8 +464,10 @@ class Monitor:
             else:
                 cg.kill()
 
-    def drain(self, timeout: float) -> bool:
-        """Wait until every retired cgroup is removed; True if none is left."""
+    def drain(self, timeout: float, *, close: bool = False) -> bool:
+        """Remove the cgroups made ahead of need (`close`: make no more), and
+        wait until every retired cgroup is removed; True if none is left."""
+        self._pool.drain(close=close)
         end = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -498,6 +516,9 @@ class Monitor:
             due = min((w.due() for w in self._watches), default=math.inf)
             if self._retiring:
                 due = min(due, now + _RETIRE_TICK)
+            pool_due = now if self._pool.wanted() else self._pool.next_expiry()
+            if pool_due is not None:
+                due = min(due, pool_due)
             if self._watches or self._by_pidfd or self._retiring:
                 self._last_busy = now
             elif now - self._last_busy < _LINGER:
@@ -529,6 +550,8 @@ class Monitor:
             deferred, self._deferred = self._deferred, []
         for fields in deferred:
             audit.emit("resource_warning", **fields)
+        if pool_due is not None and pool_due <= now:
+            self._pool.work(now)  # unlocked: mkdirs and writes take a while
 
     def close_in_child(self) -> None:
         """After os.fork() (or a preexec_fn fork): the thread is gone;
@@ -582,7 +605,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _drain_at_exit() -> None:
     # Killed sandboxes' cgroups empty within milliseconds: do not leave them.
     if _monitor is not None:
-        _monitor.drain(2.0)
+        _monitor.drain(2.0, close=True)
 
 
 atexit.register(_drain_at_exit)

@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 
 from . import _core, _landlock, _namespaces, _platform, _protected, _seatbelt, _workspace, audit
 from . import _spawn as _spawn_mod
-from ._cgroup import Cgroup, CgroupStats, discover, warn_explicit_site
+from ._cgroup import Cgroup, CgroupStats, Site, discover, warn_explicit_site
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
@@ -54,6 +54,14 @@ from ._termination import Outcome, Termination
 __all__ = ["DEFAULT_INTERVAL", "NO_PLAN", "Sandbox"]
 
 _ids = itertools.count(1)
+
+
+def _new_id() -> str:
+    """A sandbox id (and its cgroup's name, after "sbx-"), unique in this
+    process; gc reads the owner's pid from it."""
+    return f"{os.getpid():x}-{next(_ids)}"
+
+
 DEFAULT_INTERVAL = 0.1
 NO_PLAN = Plan()  # a plain Popen: no limits, no policy
 
@@ -140,7 +148,7 @@ class Sandbox:
     def id(self) -> str:
         """A short id, unique in this process, for logs and audit events."""
         if self._id is None:
-            self._id = f"{os.getpid():x}-{next(_ids)}"
+            self._id = _new_id()
         return self._id
 
     @property
@@ -289,6 +297,17 @@ class Sandbox:
             close_after.append(errwrite)
         ours = len(close_after)  # from here on: fds of our own making
         try:
+            # First: a pooled cgroup gives the sandbox its id (and name).
+            cg_dirfd = -1
+            cg_procs: list[int] = []
+            if p.site is not None:
+                cg = self.cgroup = self._make_cgroup(p.site, p.cgroup_settings)
+                try:
+                    cg_procs = cg.procs_fds()
+                except OSError as e:
+                    raise setup_error("cgroup:create", e.errno or errno.EIO, 0, e.filename) from e
+                cg_dirfd = cg.dirfd
+                close_after += cg_procs
             if p.workspace:
                 ws = self.workspace = _workspace.create(self.id)
                 if cwd is None:
@@ -357,17 +376,6 @@ class Sandbox:
                         pumps, close_after, c2pread, c2pwrite, errread, errwrite, devnull
                     )
             fail_step, fail_errno = _spawn_mod._fail_at or (0, 0)
-
-            cg_dirfd = -1
-            cg_procs: list[int] = []
-            if p.site is not None:
-                try:
-                    cg = self.cgroup = Cgroup.create(p.site, f"sbx-{self.id}", p.cgroup_settings)
-                    cg_procs = cg.procs_fds()
-                except OSError as e:
-                    raise setup_error("cgroup:create", e.errno or errno.EIO, 0, e.filename) from e
-                cg_dirfd = cg.dirfd
-                close_after += cg_procs
 
             landlock_fd = -1
             if p.landlock:
@@ -446,6 +454,19 @@ class Sandbox:
             )
         self.pid = pid
         return pid
+
+    def _make_cgroup(self, site: Site, settings: tuple[tuple[str, str, str], ...]) -> Cgroup:
+        """One made ahead by the supervisor (the sandbox takes its name as
+        its id), else made here."""
+        if self._id is None:
+            cg = get_monitor().take_cgroup(site, settings, _new_id)
+            if cg is not None:
+                self._id = cg.name.removeprefix("sbx-")
+                return cg
+        try:
+            return Cgroup.create(site, f"sbx-{self.id}", settings)
+        except OSError as e:
+            raise setup_error("cgroup:create", e.errno or errno.EIO, 0, e.filename) from e
 
     def _abort(self, pumps: list[Pump], ns: _namespaces.Spawn | None, fds: Sequence[int]) -> None:
         """Give back, in one place, everything a spawn that did not happen

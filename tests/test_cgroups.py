@@ -286,6 +286,41 @@ def test_a_hundred_sandboxes_leave_no_cgroup_behind():
 
 
 @needs_cgroup
+def test_cgroups_made_ahead_hold_each_sandbox_s_own_limits(monkeypatch):
+    # Two kinds of sandbox alternate.  After the first of each kind the
+    # supervisor makes their cgroups ahead of need: each sandbox still gets
+    # a cgroup named after it, holding its own limits, never the other's.
+    import threading
+
+    from sbxlimit._cgroup import Cgroup
+
+    makers: list[str] = []
+    real = Cgroup.create.__func__
+
+    def create(cls, site, name, settings):
+        makers.append(threading.current_thread().name)
+        return real(cls, site, name, settings)
+
+    monkeypatch.setattr(Cgroup, "create", classmethod(create))
+    get_monitor().drain(5)
+    kinds = [Limits(pids=7), Limits(pids=9)]
+    for i in range(12):
+        lim = kinds[i % 2]
+        with sbxlimit.Popen(["sleep", "5"], limits=lim) as p:
+            cg = p._sbx.cgroup
+            assert cg.name == f"sbx-{p.sandbox_id}"
+            pids_dir = cg.dirs["" if SITE.version == 2 else "pids"]
+            with open(os.path.join(pids_dir, "pids.max")) as f:
+                assert f.read().strip() == str(lim.pids)
+            p.kill_tree(grace=0)
+        time.sleep(0.05)  # the supervisor makes the next ones meanwhile
+    assert makers.count("sbxlimit-monitor") >= 10, makers
+    assert mine()  # the ready ones
+    assert get_monitor().drain(5)
+    assert mine() == []
+
+
+@needs_cgroup
 def test_spawn_failure_removes_the_cgroup():
     with pytest.raises(FileNotFoundError):
         sbxlimit.Popen(["/nonexistent/prog"], limits=Limits(pids=8))
@@ -485,14 +520,18 @@ def test_grouping_cgroups_go_at_exit_and_come_back():
         pytest.skip(f"this site has no sbxlimit grouping cgroup: {SITE.parents}")
     assert get_monitor().drain(5)
     # The other process removes them at its exit if they are empty; another
-    # test worker's sandbox may hold them at that moment: try again.
-    for _ in range(10):
+    # test worker's sandbox (or the cgroups its supervisor keeps ready, for
+    # up to _cgpool.IDLE) may hold them at that moment: try again.
+    from sbxlimit._cgpool import IDLE
+
+    deadline = time.monotonic() + IDLE + 5
+    while True:
         subprocess.run(
             [PY, "-c", "import sbxlimit; sbxlimit.run(['true'], limits={'pids': 8})"],
             check=True,
             timeout=60,
         )
-        if not any(os.path.exists(g) for g in groups):
+        if not any(os.path.exists(g) for g in groups) or time.monotonic() > deadline:
             break
         time.sleep(0.3)
     # The other process removed them, empty, at its exit ...

@@ -1,0 +1,134 @@
+"""Sandbox cgroups made ahead of need, off the caller's path.
+
+Making a cgroup (a directory per v1 hierarchy, the limits written) is most
+of what a cgroup costs a spawn.  Spawns come in bursts of the same kind
+(an agent's tool calls under one set of limits), so once a kind has been
+asked for, the supervisor thread keeps ``SIZE`` cgroups of it ready, made
+and limited exactly as ``Cgroup.create`` would make them, while the caller
+waits for its children.  A spawn takes one (and its name: the sandbox's id
+is the cgroup's, as without the pool) or, when none is ready, makes its own
+as before.  A kind unused for ``IDLE`` seconds gives its cgroups back;
+``drain()`` removes them all (at exit, with the retired ones).
+
+Only the default site is pooled: a cgroup_parent the caller names is the
+caller's to remove, and must not be left holding our directories.  A pooled
+cgroup is empty: nothing runs in it before a sandbox takes it.  After a
+fork the child has a supervisor (and pool) of its own; the parent's ready
+cgroups stay the parent's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ._cgroup import Cgroup, Site
+
+__all__ = ["IDLE", "KINDS", "SIZE", "Pool"]
+
+log = logging.getLogger("sbxlimit")
+
+SIZE = 2  # ready cgroups per kind
+KINDS = 4  # kinds kept ready at once (the most recently used)
+IDLE = 10.0  # seconds a kind may go unused before its cgroups go
+
+Settings = tuple[tuple[str, str, str], ...]
+Kind = tuple[Site, Settings]
+
+
+class Pool:
+    """Ready cgroups per kind (site and settings); thread-safe.  The
+    supervisor thread calls :meth:`work`; spawning threads :meth:`take`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: dict[Kind, list[Cgroup]] = {}
+        self._used: dict[Kind, float] = {}  # kind -> last asked for
+        self._names: dict[Kind, Callable[[], str]] = {}
+        self._closed = False
+
+    def take(self, site: Site, settings: Settings, name: Callable[[], str]) -> Cgroup | None:
+        """A ready cgroup of this kind, or None; either way the kind is kept
+        ready from now on.  `name` makes a new cgroup's name."""
+        if site.explicit or not site.version:
+            return None
+        kind = (site, settings)
+        with self._lock:
+            if self._closed:
+                return None
+            self._used[kind] = time.monotonic()
+            self._names[kind] = name
+            ready = self._ready.get(kind)
+            return ready.pop() if ready else None
+
+    def wanted(self) -> bool:
+        """Whether :meth:`work` has something to do now."""
+        with self._lock:
+            if self._closed:
+                return False
+            return any(len(self._ready.get(k, ())) < SIZE for k in self._recent())
+
+    def next_expiry(self) -> float | None:
+        """When the least recently used kind expires (monotonic), if any is
+        kept."""
+        with self._lock:
+            return min(self._used.values()) + IDLE if self._used else None
+
+    def _recent(self) -> list[Kind]:
+        return sorted(self._used, key=self._used.__getitem__, reverse=True)[:KINDS]
+
+    def work(self, now: float) -> None:
+        """Supervisor thread: give back what expired, make what is missing
+        (one cgroup per call, so the loop's other work is not held up)."""
+        with self._lock:
+            recent = set(self._recent())
+            expired = [k for k, t in self._used.items() if now - t > IDLE or k not in recent]
+            gone = [cg for k in expired for cg in self._ready.pop(k, [])]
+            for k in expired:
+                self._used.pop(k, None)
+                self._names.pop(k, None)
+            todo = next(
+                (
+                    k
+                    for k in self._recent()
+                    if len(self._ready.get(k, ())) < SIZE and not self._closed
+                ),
+                None,
+            )
+            name = self._names.get(todo) if todo is not None else None
+        for cg in gone:
+            _remove(cg)
+        if todo is None or name is None:
+            return
+        site, settings = todo
+        try:
+            cg = Cgroup.create(site, f"sbx-{name()}", settings)
+        except OSError as e:
+            # Spawns make their own, and say what failed; stop asking.
+            log.debug("sbxlimit: cgroup pool: %s", e)
+            with self._lock:
+                self._used.pop(todo, None)
+            return
+        with self._lock:
+            if not self._closed and todo in self._used:
+                self._ready.setdefault(todo, []).append(cg)
+                return
+        _remove(cg)
+
+    def drain(self, *, close: bool = False) -> None:
+        """Remove every ready cgroup; `close`: and make no more (exit)."""
+        with self._lock:
+            self._closed = self._closed or close
+            gone = [cg for ready in self._ready.values() for cg in ready]
+            self._ready.clear()
+            self._used.clear()
+            self._names.clear()
+        for cg in gone:
+            _remove(cg)
+
+
+def _remove(cg: Cgroup) -> None:
+    if not cg.remove():
+        log.warning("sbxlimit: pooled cgroup %s could not be removed", cg.name)
