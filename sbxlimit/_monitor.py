@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from ._cgroup import Cgroup, Site
 
-__all__ = ["Monitor", "Watch", "get_monitor", "signal_tree"]
+__all__ = ["Monitor", "Watch", "drain_before_exit", "get_monitor", "signal_tree"]
 
 log = logging.getLogger("sbxlimit")
 
@@ -602,10 +602,16 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _drain_at_exit() -> None:
-    # Killed sandboxes' cgroups empty within milliseconds: do not leave them.
+def drain_before_exit() -> None:
+    """This process ends: remove the cgroups made ahead of need, and those
+    of killed sandboxes (they empty within milliseconds).  At interpreter
+    exit, and before a forked body's os._exit (no atexit runs there)."""
     if _monitor is not None:
         _monitor.drain(2.0, close=True)
+
+
+def _drain_at_exit() -> None:
+    drain_before_exit()
 
 
 atexit.register(_drain_at_exit)

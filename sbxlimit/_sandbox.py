@@ -42,7 +42,7 @@ from ._cgroup import Cgroup, CgroupStats, Site, discover, warn_explicit_site
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
-from ._monitor import Watch, get_monitor, signal_tree
+from ._monitor import Watch, drain_before_exit, get_monitor, signal_tree
 from ._plan import Held, Plan, plan, warn_downgrades
 from ._platform import CLONE_NEWPID
 from ._policy import Policy
@@ -528,6 +528,10 @@ class Sandbox:
                     stream.flush()
                 except Exception:
                     pass
+            try:  # sandboxes the body started: no atexit runs after os._exit
+                drain_before_exit()
+            except Exception:
+                pass
             os._exit(code & 0xFF)
 
     # -- the Seatbelt profile (macOS) ----------------------------------------

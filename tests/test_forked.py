@@ -105,3 +105,24 @@ def test_bad_arguments_are_refused_before_forking():
         ForkedSandbox("not callable")  # type: ignore[arg-type]
     with pytest.raises(sbxlimit.ConfigError, match="preexec_fn"):
         ForkedSandbox(lambda: 0, preexec_fn=lambda: None)
+
+
+def test_sandboxes_a_body_starts_leave_no_cgroup_behind():
+    # The body's own supervisor keeps cgroups ready for its next sandbox;
+    # os._exit runs no atexit, so the body removes them before it.
+    from sbxlimit._cgroup import discover
+
+    site = discover()
+    if not site.version:
+        pytest.skip(f"no cgroup here: {site.reason}")
+
+    def body() -> int:
+        for _ in range(3):
+            sbxlimit.run(["true"], limits={"pids": 8})
+        return 0
+
+    p = ForkedSandbox(body, limits={"wall_time": 30}, cgroup_parent="none")
+    assert p.wait() == 0
+    prefix = f"sbx-{p.pid:x}-"
+    left = [n for _c, d in site.parents for n in os.listdir(d) if n.startswith(prefix)]
+    assert left == []
