@@ -24,6 +24,7 @@ import atexit
 import dataclasses
 import errno
 import os
+import resource
 import signal
 import threading
 import time
@@ -50,6 +51,7 @@ _WANTED = ("memory", "pids", "cpu")
 # v1: the limit controllers, plus cpuacct for CPU usage and freezer for a
 # tree kill that a fork loop cannot outrun.
 _V1 = ("memory", "pids", "cpu", "cpuacct", "freezer")
+_RDONLY = os.O_RDONLY | os.O_CLOEXEC
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -417,13 +419,24 @@ _USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 class Cgroup:
     """One sandbox's cgroup (a directory per v1 hierarchy, one in v2)."""
 
-    __slots__ = ("dirfd", "dirs", "name", "peak_memory", "peak_pids", "removed", "site")
+    __slots__ = (
+        "dirfd",
+        "dirs",
+        "events",
+        "name",
+        "peak_memory",
+        "peak_pids",
+        "removed",
+        "site",
+    )
 
     def __init__(self, site: Site, name: str) -> None:
         self.site = site
         self.name = name
         self.dirs: dict[str, str] = {}
         self.dirfd = -1
+        # (fd, field) the supervisor watches instead of sampling (open_events).
+        self.events: list[tuple[int, str]] = []
         self.peak_memory = 0
         self.peak_pids = 0
         self.removed = False
@@ -626,9 +639,80 @@ class Cgroup:
                 cpu = int(ns) / 1e9 if ns.isdigit() else None
         return oom, refused, cpu
 
+    def open_events(self, fields: Iterable[str], warn_at: int | None = None) -> list[str]:
+        """Fds that tell the supervisor a limit was hit, so that it need not
+        sample; returns the fields they cover (the rest stay sampled).
+
+        * v2: ``memory.events`` and ``pids.events``; kernfs wakes a poller
+          (``POLLPRI``) when a counter changes.
+        * v1 memory: an eventfd registered through ``cgroup.event_control``
+          for ``memory.oom_control`` (every OOM kill), and for a
+          ``memory.usage_in_bytes`` threshold (`warn_at`: field "warn").
+        * v1 ``pids.events`` never wakes a poller (the kernel notifies the
+          v2 file only): the fd is kept, field "pids-read", for the
+          supervisor to read in one batch per interval.
+
+        Never the last quarter of the fd table: past it the fields stay
+        sampled (the caller's own files come first)."""
+        covered: list[str] = []
+        v2 = self.site.version == 2
+        for field in fields:
+            try:
+                if v2 and field in ("memory", "pids"):
+                    fd = os.open(self._path(field, f"{field}.events") or "", _RDONLY)
+                    self._keep_event(fd, field)
+                    os.pread(fd, 4096, 0)  # reading arms kernfs's poll
+                elif field == "pids":
+                    fd = os.open(self._path("pids", "pids.events") or "", _RDONLY)
+                    self._keep_event(fd, "pids-read")
+                elif field == "memory":
+                    self._v1_memory_event("memory.oom_control", "")
+                    if warn_at is not None:
+                        self._v1_memory_event("memory.usage_in_bytes", f" {warn_at}")
+                        covered.append("warn")
+                else:
+                    continue
+            except OSError:
+                continue
+            covered.append(field)
+        return covered
+
+    def _keep_event(self, fd: int, field: str) -> None:
+        try:
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            if soft != resource.RLIM_INFINITY and fd >= soft * 3 // 4:
+                raise OSError(errno.EMFILE, "fd table three quarters full: sampled instead")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.events.append((fd, field))
+
+    def _v1_memory_event(self, fname: str, arg: str) -> None:
+        efd = next((fd for fd, f in self.events if f == "memory"), -1)
+        if efd < 0:
+            efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._keep_event(efd, "memory")
+        watched = os.open(self._path("memory", fname) or "", _RDONLY)
+        try:
+            control = self._path("memory", "cgroup.event_control") or ""
+            fd = os.open(control, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, f"{efd} {watched}{arg}".encode())
+            finally:
+                os.close(fd)
+        finally:
+            os.close(watched)
+
+    def close_events(self) -> None:
+        for fd, _f in self.events:
+            os.close(fd)
+        self.events = []
+
     def remove(self) -> bool:
         """rmdir every directory; True when all are gone.  An EBUSY (still
         populated) leaves the rest for a later call."""
+        if self.events:
+            self.close_events()
         if self.dirfd >= 0:
             os.close(self.dirfd)
             self.dirfd = -1

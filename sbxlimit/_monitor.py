@@ -6,12 +6,19 @@ It owns four kinds of work, all driven by one selector loop:
   later), and the pending SIGKILL of a tree kill;
 * sampling, every ``sample_interval``: the tree's memory and task count
   against ``memory``/``pids`` where no cgroup holds them;
+* a cgroup's limits without periodic work where the kernel says when one
+  is hit (``Cgroup.open_events``: an eventfd for a v1 OOM kill, kernfs
+  ``POLLPRI`` on v2's ``*.events``); v1's ``pids.events`` gives no event,
+  so those files are read in one batch per interval;
 * output pumps (``_pump``): their fds are in its selector;
 * cgroups: removing those of ended sandboxes, and making the next ones
   ahead of need (``_cgpool``).
 
-There is no thread per sandbox.  Registering a sandbox wakes the loop only
-when it is due earlier than the loop's next wake-up.  Kills are recorded
+There is no thread per sandbox.  Deadlines and samples sit in one heap, so
+a wake-up costs what is due, not what is live; samples fall on a grid of
+``sample_interval / 4`` (at most 10 ms), never later than asked, so many
+sandboxes' samples share a wake-up.  Registering a sandbox wakes the loop
+only when it is due earlier than the loop's next wake-up.  Kills are recorded
 before they are sent, so the reason is known when the program dies; a
 kill is never sent to a leader that has already exited (checked with
 ``waitid(WNOWAIT)``), and a leader is unregistered before it is reaped, so
@@ -21,6 +28,8 @@ its pid cannot be reused under us.
 from __future__ import annotations
 
 import atexit
+import heapq
+import itertools
 import logging
 import math
 import os
@@ -53,6 +62,44 @@ _IDLE_TICK = 0.1
 _EXIT_POLL = 0.05
 _RETIRE_TICK = 0.01
 _RETIRE_FOR = 30.0
+_RECHECKS, _RECHECK_AFTER = 10, 0.005  # an OOM's kill counted within 50 ms
+_GRID = 0.01  # samples are aligned to multiples of min(this, interval / 4)
+
+
+def next_sample(now: float, interval: float) -> float:
+    """`interval` after `now`, rounded down to the sampling grid: never
+    later than asked, and many sandboxes' samples share one wake-up."""
+    q = min(_GRID, interval / 4)
+    return math.floor((now + interval) / q) * q
+
+
+def _cpu_gate(w: Watch) -> str | None:
+    """The cpuacct.usage of the parent of w's v1 cgroup, if any."""
+    assert w.cgroup is not None
+    parent = next((d for c, d in w.cgroup.site.parents if c == "cpuacct"), None)
+    return None if parent is None else os.path.join(parent, "cpuacct.usage")
+
+
+def _read_quiet(path: str) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 64)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+class _Dispatch:
+    """A selector entry that is neither a pump nor the wake pipe."""
+
+    __slots__ = ("on_event",)
+
+    def __init__(self, on_event: Callable[[int], None]) -> None:
+        self.on_event = on_event
 
 
 def signal_tree(pid: int, sig: int, pgid: int, cgroup: Cgroup | None = None) -> None:
@@ -91,6 +138,7 @@ class Watch:
     __slots__ = (
         "audit",
         "cg_ends",
+        "cg_sampled",
         "cgroup",
         "counts",
         "cpu_seen",
@@ -100,8 +148,10 @@ class Watch:
         "disk_ends",
         "disk_used",
         "done",
+        "event_fds",
         "exited_at",
         "grace",
+        "heap_at",
         "hits",
         "interval",
         "kill",
@@ -115,12 +165,14 @@ class Watch:
         "pidfd",
         "pids_limit",
         "reaper",
+        "recheck",
         "sigkill_at",
         "start",
         "tasks_now",
         "tasks_peak",
         "wall_time",
         "warn_disk",
+        "warn_evented",
         "warn_memory",
     )
 
@@ -160,6 +212,14 @@ class Watch:
         # (field, limit, mechanism) decided by the cgroup's counters: an OOM
         # kill, a refused fork, the CPU used; one hit ends the sandbox.
         self.cg_ends = cg_ends
+        # Those of cg_ends no event covers: sampled (see Monitor.register).
+        self.cg_sampled = cg_ends
+        self.warn_evented = False  # the memory warning comes as an event (v1)
+        self.event_fds: list[int] = []  # registered with the monitor
+        self.heap_at = math.inf  # due time of its live heap entry
+        # (when, tries left): v1 signals an OOM before the kill is counted;
+        # the counter is read again shortly.
+        self.recheck: tuple[float, int] | None = None
         self.cpu_time = cpu_time  # the tree's CPU seconds (no cgroup)
         # The leader is a PID namespace's reaper: a copy of our memory, not
         # the sandbox's, left out of samples.
@@ -189,7 +249,7 @@ class Watch:
             or warn_memory is not None
             or disk is not None
         )
-        self.next_sample: float | None = start + interval if sampled else None
+        self.next_sample: float | None = next_sample(start, interval) if sampled else None
         self.kill: KillRecord | None = None
         self.sigkill_at: float | None = None
         self.done = False  # leader exited or unregistered
@@ -210,7 +270,16 @@ class Watch:
             t = min(t, self.deadline)
         if self.next_sample is not None:
             t = min(t, self.next_sample)
+        if self.recheck is not None:
+            t = min(t, self.recheck[0])
         return t
+
+    def sampled(self) -> bool:
+        """Anything left to sample once events cover what they can."""
+        if self.cgroup is None or self.memory_limit is not None or self.pids_limit is not None:
+            return self.next_sample is not None
+        warn = self.warn_memory is not None and not self.warn_evented
+        return bool(self.cg_sampled) or warn or self.cpu_time is not None or self.disk is not None
 
     def samples(self) -> Samples:
         """What its samples saw, for the evidence record."""
@@ -258,10 +327,33 @@ class Monitor:
         # epoll_ctl is safe from any thread: spawning threads register.
         self._exits: Any = select.epoll() if _HAS_PIDFD else None
         self._by_pidfd: dict[int, Watch] = {}
+        # Deadlines and samples: (due, seq, watch); an entry is live while
+        # its due equals watch.heap_at (lazy deletion).
+        self._heap: list[tuple[float, int, Watch]] = []
+        self._seq = itertools.count()
+        self._stale = 0
+        # Cgroup events (Cgroup.open_events): fd -> (watch, field).
+        self._events: Any = select.epoll() if hasattr(select, "epoll") else None
+        self._by_event: dict[int, tuple[Watch, str]] = {}
+        self._event_idents: dict[int, tuple[int, int]] = {}  # for close_in_child
+        if self._events is not None:
+            efd = self._events.fileno()
+            self._sel.register(efd, selectors.EVENT_READ, _Dispatch(self._on_cgroup_events))
+            self._idents[efd] = fd_ident(efd)
+        # v1 pids.events: read in one batch per interval (fd -> watch, last,
+        # gate).  A gate is the parent's cpuacct.usage: a fork needs CPU, so
+        # while the sandboxes' parent has used none, none forked (a fork
+        # not yet charged is seen one interval later: the counter stays).
+        self._reads: dict[str | None, dict[int, tuple[Watch, bytes]]] = {}
+        self._read_gate: dict[int, str | None] = {}  # fd -> its gate
+        self._gates: dict[str, bytes] = {}
+        self._read_every = math.inf
+        self._read_at = math.inf
         self._retiring: dict[Cgroup, float] = {}  # cgroup → give up after
         self._pool = Pool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
         self._sleep_until = math.inf
+        self.wakeups = 0  # loop iterations, for tests and benchmarks
         self._last_busy = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="sbxlimit-monitor", daemon=True)
         self._thread.start()
@@ -278,11 +370,30 @@ class Monitor:
                 pidfd = os.pidfd_open(w.pid)
             except OSError:
                 pidfd = -1
+        events = self._open_events(w) if timers and w.cgroup is not None else []
         wake = False
         with self._lock:
+            for fd, field in events:
+                w.event_fds.append(fd)
+                if field != "eventfd":
+                    self._event_idents[fd] = fd_ident(fd)
+                if field == "pids-read":
+                    gate = _cpu_gate(w)
+                    self._reads.setdefault(gate, {})[fd] = (w, os.pread(fd, 256, 0))
+                    self._read_gate[fd] = gate
+                    if gate is not None:
+                        self._gates.setdefault(gate, b"")
+                    self._read_every = min(self._read_every, w.interval)
+                    self._read_at = min(self._read_at, next_sample(w.start, w.interval))
+                    wake = wake or self._read_at < self._sleep_until
+                else:
+                    self._by_event[fd] = (w, field)
+                    mask = select.EPOLLIN if field == "eventfd" else select.EPOLLPRI
+                    self._events.register(fd, mask)
             if timers:
                 self._watches.add(w)
-                wake = w.due() < self._sleep_until
+                self._schedule(w)
+                wake = wake or w.due() < self._sleep_until
             if pidfd >= 0:
                 w.pidfd = pidfd
                 self._by_pidfd[pidfd] = w
@@ -292,10 +403,48 @@ class Monitor:
         if wake:
             self._wake()
 
+    def _open_events(self, w: Watch) -> list[tuple[int, str]]:
+        """The cgroup's event fds for what the kernel holds (or reports in a
+        file read in batch); what they cover is no longer sampled."""
+        cg = w.cgroup
+        assert cg is not None
+        fields = [f for f, _l, _m in w.cg_ends if f in ("memory", "pids")]
+        warn_at = None
+        if w.warn_memory is not None and cg.site.version == 1:
+            warn_at = w.warn_memory[0]
+        if (not fields and warn_at is None) or self._events is None:
+            return []
+        covered = cg.open_events(fields, warn_at)
+        w.warn_evented = "warn" in covered
+        w.cg_sampled = tuple(e for e in w.cg_ends if e[0] not in covered)
+        if not w.sampled():
+            w.next_sample = None
+        v1_memory = cg.site.version == 1
+        return [
+            (fd, "eventfd" if field == "memory" and v1_memory else field) for fd, field in cg.events
+        ]
+
+    def _drop_events(self, w: Watch) -> None:
+        # Before the cgroup closes them (Cgroup.remove): a number reused by
+        # another file must not be read as this sandbox's.
+        for fd in w.event_fds:
+            if fd in self._read_gate:
+                group = self._reads[self._read_gate.pop(fd)]
+                del group[fd]
+            self._event_idents.pop(fd, None)
+            if self._by_event.pop(fd, None) is not None:
+                try:
+                    self._events.unregister(fd)
+                except OSError:
+                    pass
+        w.event_fds = []
+
     def unregister(self, w: Watch) -> None:
         with self._lock:
             self._watches.discard(w)
+            self._unschedule(w)
             w.done = True
+            self._drop_events(w)
 
     def add_pump(self, pump: Pump) -> None:
         with self._lock:
@@ -314,6 +463,33 @@ class Monitor:
 
     # -- lock held --------------------------------------------------------
 
+    def _schedule(self, w: Watch) -> None:
+        t = w.due()
+        if t != w.heap_at:
+            if w.heap_at != math.inf:
+                self._stale += 1
+            w.heap_at = t
+            if t != math.inf:
+                heapq.heappush(self._heap, (t, next(self._seq), w))
+
+    def _unschedule(self, w: Watch) -> None:
+        if w.heap_at != math.inf:
+            w.heap_at = math.inf
+            self._stale += 1
+        # Entries of ended sandboxes can be due hours from now (wall_time):
+        # rebuild once they are most of the heap.
+        if self._stale > 64 and self._stale * 2 > len(self._heap):
+            self._heap = [e for e in self._heap if e[0] == e[2].heap_at]
+            heapq.heapify(self._heap)
+            self._stale = 0
+
+    def _next_due(self) -> float:
+        h = self._heap
+        while h and h[0][0] != h[0][2].heap_at:
+            heapq.heappop(h)
+            self._stale = max(0, self._stale - 1)
+        return h[0][0] if h else math.inf
+
     def _start_kill(self, w: Watch, record: KillRecord, grace: float) -> None:
         if w.done or w.kill is not None:
             return  # the first reason wins
@@ -325,6 +501,8 @@ class Monitor:
         signal_tree(w.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL, w.pgid, w.cgroup)
         if grace > 0:
             w.sigkill_at = time.monotonic() + grace
+        if w in self._watches:
+            self._schedule(w)
 
     def _leader_exited(self, w: Watch) -> None:
         # The zombie leader still holds the group id: safe to signal it.
@@ -333,6 +511,8 @@ class Monitor:
         w.done = True
         w.exited_at = time.monotonic()
         self._watches.discard(w)
+        self._unschedule(w)
+        self._drop_events(w)
         if w.cgroup is not None:
             w.cgroup.kill()
         elif w.pgid > 0:
@@ -356,8 +536,12 @@ class Monitor:
                 "wall_time", w.wall_time, round(now - w.start, 3), "watchdog:wall_time"
             )
             self._start_kill(w, record, w.grace)
+        if w.recheck is not None and now >= w.recheck[0] and w.cgroup is not None:
+            tries = w.recheck[1]
+            w.recheck = None
+            self._on_memory_event(w, w.cgroup, tries)
         if w.next_sample is not None and now >= w.next_sample:
-            w.next_sample = now + w.interval
+            w.next_sample = next_sample(now, w.interval)
             self._sample(w)
             if w.disk is not None and not w.done:
                 self._sample_disk(w, *w.disk)
@@ -387,13 +571,22 @@ class Monitor:
             used = round(user + system, 3)
             self._start_kill(w, KillRecord("cpu_time", w.cpu_time, used, "watchdog:cpu_time"), 0)
 
-    def _sample_cgroup(self, w: Watch, cg: Cgroup) -> None:
-        if w.warn_memory is not None:
+    def _sample_cgroup(
+        self, w: Watch, cg: Cgroup, ends: tuple[tuple[str, float, str], ...] | None = None
+    ) -> None:
+        """Read the counters of `ends` (default: those sampled) and end the
+        sandbox on a hit; the memory warning's figures too, when due."""
+        if ends is None:
+            ends = w.cg_sampled
+            warn = w.warn_memory is not None and not w.warn_evented
+        else:
+            warn = w.warn_memory is not None and any(f == "memory" for f, _l, _m in ends)
+        if warn:
             st = cg.stats(evidence=False)
             self._defer_warning(w.observe(st.memory_now or 0, st.pids_now or 0))
-        if not w.cg_ends:
+        if not ends:
             return
-        oom_kills, refused, cpu = cg.counters(f for f, _l, _m in w.cg_ends)
+        oom_kills, refused, cpu = cg.counters(f for f, _l, _m in ends)
         if oom_kills:
             w.counts["memory"] = oom_kills
             w.hits.add("memory")
@@ -402,7 +595,7 @@ class Monitor:
             w.hits.add("pids")
         if w.kill is not None:
             return
-        for field, limit, mech in w.cg_ends:
+        for field, limit, mech in ends:
             if field == "memory" and oom_kills:
                 peak = cg.stats(evidence=False).memory_peak or w.memory_peak or None
                 record = KillRecord("memory", limit, peak, mech, str(oom_kills))
@@ -451,6 +644,11 @@ class Monitor:
     def retire(self, cg: Cgroup) -> None:
         """Remove `cg` once it is empty (a killed cgroup takes a few ms)."""
         with self._lock:
+            for fd, _f in cg.events:
+                gate = self._read_gate.get(fd, "")
+                entry = self._by_event.get(fd) or self._reads.get(gate, {}).get(fd)
+                if entry is not None:
+                    self._drop_events(entry[0])
             self._retiring[cg] = time.monotonic() + _RETIRE_FOR
         self._wake()
 
@@ -498,6 +696,76 @@ class Monitor:
                     if not w.done:
                         self._leader_exited(w)
 
+    def _on_cgroup_events(self, _fd: int) -> None:
+        for fd, _ev in self._events.poll(0):
+            with self._lock:
+                entry = self._by_event.get(fd)
+                if entry is None:
+                    continue
+                w, field = entry
+                try:  # re-arm: an eventfd is read, a kernfs file read again
+                    if field == "eventfd":
+                        os.read(fd, 8)
+                    else:
+                        os.pread(fd, 4096, 0)
+                except OSError:
+                    pass
+                cg = w.cgroup
+                if w.done or cg is None:
+                    continue
+                if field == "eventfd":
+                    self._on_memory_event(w, cg, _RECHECKS)
+                else:
+                    self._sample_cgroup(w, cg, tuple(e for e in w.cg_ends if e[0] == field))
+                if w in self._watches:
+                    self._schedule(w)
+        self._flush_warnings()
+
+    def _on_memory_event(self, w: Watch, cg: Cgroup, tries: int) -> None:
+        # v1's eventfd: an OOM (signalled before the kill is counted) or the
+        # warning's threshold crossed.
+        ends = tuple(e for e in w.cg_ends if e[0] == "memory")
+        self._sample_cgroup(w, cg, ends)
+        if ends and w.kill is None and tries > 0 and not w.done:
+            w.recheck = (time.monotonic() + _RECHECK_AFTER, tries - 1)
+
+    def _read_tick(self, now: float) -> None:
+        """v1 pids.events of every sandbox in one pass: a changed file is a
+        refused fork."""
+        moved: dict[str | None, bool] = {None: True}
+        for path, last in list(self._gates.items()):
+            used = _read_quiet(path)
+            moved[path] = used != last or not used
+            self._gates[path] = used
+        changed = []
+        for gate, group in self._reads.items():
+            if not moved.get(gate, True):
+                continue
+            for fd, (w, last) in group.items():
+                try:
+                    data = os.pread(fd, 256, 0)
+                except OSError:
+                    continue
+                if data != last:
+                    changed.append((group, fd, w, data))
+        for group, fd, w, data in changed:
+            group[fd] = (w, data)
+            cg = w.cgroup
+            if not w.done and cg is not None:
+                self._sample_cgroup(w, cg, tuple(e for e in w.cg_ends if e[0] == "pids"))
+        if self._read_gate:
+            self._read_at = next_sample(now, self._read_every)
+        else:
+            self._read_at = self._read_every = math.inf
+            self._gates.clear()
+            self._reads.clear()
+
+    def _flush_warnings(self) -> None:
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+        for fields in deferred:
+            audit.emit("resource_warning", **fields)
+
     def _pump_done(self, pump: Pump) -> None:
         self._pumps.discard(pump)
 
@@ -510,10 +778,11 @@ class Monitor:
                 time.sleep(0.01)
 
     def _loop_once(self) -> None:
+        self.wakeups += 1
         with self._lock:
             new, self._new_pumps = self._new_pumps, []
             now = time.monotonic()
-            due = min((w.due() for w in self._watches), default=math.inf)
+            due = min(self._next_due(), self._read_at)
             if self._retiring:
                 due = min(due, now + _RETIRE_TICK)
             pool_due = now if self._pool.wanted() else self._pool.next_expiry()
@@ -543,13 +812,19 @@ class Monitor:
             self._on_exits()
         with self._lock:
             now = time.monotonic()
-            for w in list(self._watches):
+            while self._heap and self._heap[0][0] <= now:
+                t, _seq, w = heapq.heappop(self._heap)
+                if t != w.heap_at:
+                    self._stale = max(0, self._stale - 1)
+                    continue
+                w.heap_at = math.inf
                 self._tick(w, now)
+                self._schedule(w)
+            if self._read_at <= now:
+                self._read_tick(now)
             if self._retiring:
                 self._retire_tick(now)
-            deferred, self._deferred = self._deferred, []
-        for fields in deferred:
-            audit.emit("resource_warning", **fields)
+        self._flush_warnings()
         if pool_due is not None and pool_due <= now:
             self._pool.work(now)  # unlocked: mkdirs and writes take a while
 
@@ -564,10 +839,16 @@ class Monitor:
             owned.update(p.idents)
         for fd in list(self._by_pidfd):
             owned[fd] = "pidfd"
+        for fd, (_w, field) in list(self._by_event.items()):
+            owned[fd] = "eventfd" if field == "eventfd" else self._event_idents.get(fd)
+        for fd in list(self._read_gate):
+            owned[fd] = self._event_idents.get(fd)
         for fd, ident in owned.items():
             try:
-                if ident == "pidfd":
-                    same = os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+                if ident in ("pidfd", "eventfd"):
+                    same = os.readlink(f"/proc/self/fd/{fd}") == f"anon_inode:[{ident}]"
+                elif ident is None:
+                    same = False
                 else:
                     same = fd_ident(fd) == ident
                 if same:

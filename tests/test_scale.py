@@ -1,0 +1,188 @@
+"""Many live sandboxes: the supervisor works on events, not on polling.
+
+The kernel says when a cgroup's limit is hit (an eventfd for a v1 OOM kill,
+kernfs POLLPRI on v2's *.events), deadlines and samples sit in one heap, and
+an idle sandbox costs its caller no periodic work.  Real sandboxes, real OOM
+kills and refused forks; the supervisor's wake-ups are counted, never timed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import sbxlimit
+from sbxlimit._cgroup import discover
+from sbxlimit._monitor import get_monitor
+
+SITE = discover()
+
+
+def _needs(*controllers: str) -> None:
+    if not SITE.version:
+        pytest.skip(f"no cgroup here: {SITE.reason}")
+    for c in controllers:
+        if not SITE.has(c):
+            pytest.skip(f"the {c} controller is not delegated here")
+
+
+def _kill_all(procs: list[sbxlimit.Popen]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def test_an_oom_kill_ends_the_sandbox_without_a_sample():
+    # One process of the tree is OOM-killed (all of it on v2); its parent
+    # sleeps on.  Samples are a minute apart: only the kernel's event can
+    # end the sandbox before its wall_time.
+    _needs("memory")
+    code = textwrap.dedent(
+        """
+        import os, time
+        if os.fork() == 0:
+            b = bytearray(256 << 20)
+            os._exit(0)
+        os.wait()
+        time.sleep(60)
+        """
+    )
+    limits = sbxlimit.Limits(memory="64Mi", wall_time=20)
+    r = sbxlimit.run([sys.executable, "-c", code], limits=limits, sample_interval=60)
+    t = r.termination
+    assert t.reason == "memory", t
+    assert t.mechanism.startswith("cgroup"), t
+    assert "wall_time" not in t.hits, t
+
+
+def test_a_refused_fork_ends_the_sandbox_even_if_it_then_idles():
+    # v1 gives no event for pids: the files are read in batches, skipped
+    # while the cgroups' parent has used no CPU.  The fork loop stops and
+    # sleeps after its first refusal: the batch must still see it.
+    _needs("pids")
+    code = textwrap.dedent(
+        """
+        import os, time
+        kids = []
+        try:
+            while True:
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                kids.append(pid)
+        except OSError:
+            pass
+        time.sleep(60)
+        """
+    )
+    limits = sbxlimit.Limits(pids=6, wall_time=20)
+    r = sbxlimit.run([sys.executable, "-c", code], limits=limits, sample_interval=0.05)
+    assert r.termination.reason == "pids", r.termination
+
+
+def test_idle_sandboxes_do_not_wake_the_supervisor():
+    # memory (and on v2 pids) are the kernel's: nothing to sample.
+    _needs("memory")
+    fields = {"memory": "64Mi", "wall_time": 120}
+    if SITE.version == 2 and SITE.has("pids"):
+        fields["pids"] = 16
+    procs = [sbxlimit.Popen(["sleep", "120"], limits=fields) for _ in range(20)]
+    try:
+        mon = get_monitor()
+        time.sleep(0.5)  # the ready cgroups are made, the first wake-ups pass
+        before = mon.wakeups
+        time.sleep(1.0)
+        woke = mon.wakeups - before
+        assert all(p.poll() is None for p in procs)
+        # Sampling every 0.1 s would wake it ten times or more.
+        assert woke <= 3, f"{woke} wake-ups in a second with 20 idle sandboxes"
+    finally:
+        _kill_all(procs)
+
+
+def test_the_timer_heap_forgets_ended_sandboxes():
+    # Each short-lived sandbox leaves a wall_time entry an hour away; they
+    # must not pile up (each holds its Watch, its cgroup, its evidence).
+    mon = get_monitor()
+    for _ in range(300):
+        sbxlimit.run(["true"], limits={"wall_time": 3600}, cgroup_parent="none")
+    assert len(mon._heap) < 200, len(mon._heap)
+
+
+def test_deadlines_fire_in_order_among_many():
+    # Registered out of order; each ends at its own wall_time, and the long
+    # ones are still running when the short ones are done.
+    walls = [1.5, 0.3, 60, 0.6, 60, 0.9]
+    procs = [
+        sbxlimit.Popen(["sleep", "120"], limits={"wall_time": w}, cgroup_parent="none")
+        for w in walls
+    ]
+    try:
+        for p, w in zip(procs, walls, strict=True):
+            if w < 60:
+                p.wait(timeout=30)
+                assert p.termination is not None and p.termination.reason == "wall_time"
+        assert all(p.poll() is None for p, w in zip(procs, walls, strict=True) if w == 60)
+    finally:
+        _kill_all(procs)
+
+
+def test_event_fds_never_take_the_last_quarter_of_the_fd_table():
+    # With 64 fds allowed, 45 memory-limited sandboxes: events for some,
+    # samples for the rest; nothing fails with EMFILE, and an OOM kill in
+    # the last one (sampled, or evented) still ends it.
+    _needs("memory")
+    code = textwrap.dedent(
+        """
+        import resource, sys, os
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        import sbxlimit
+        lim = sbxlimit.Limits(memory="64Mi", wall_time=60)
+        procs = [sbxlimit.Popen(["sleep", "60"], limits=lim) for _ in range(45)]
+        high = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        sampled = sum(p._sbx.watch.next_sample is not None for p in procs)
+        hog = "import os\\nif os.fork() == 0:\\n b = bytearray(256 << 20)\\n os._exit(0)\\n"
+        hog += "os.wait()\\nimport time\\ntime.sleep(60)"
+        r = sbxlimit.run([sys.executable, "-c", hog], limits=lim, sample_interval=0.1)
+        for p in procs:
+            p.kill()
+            p.wait()
+        print(high, sampled, r.termination.reason)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    high, sampled, reason = out.stdout.split()
+    assert int(high) < 56, out.stdout
+    assert int(sampled) > 0, out.stdout  # past 3/4 of the table: sampled
+    assert reason == "memory", out.stdout
+
+
+def test_a_forked_child_does_not_keep_the_event_fds():
+    _needs("memory")
+    p = sbxlimit.Popen(["sleep", "60"], limits={"memory": "64Mi", "wall_time": 60})
+    try:
+        theirs = {fd for fd, _f in (p._sbx.watch.cgroup.events if p._sbx.watch else [])}
+        assert theirs, "no event fd: nothing to check"
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            kept = [fd for fd in theirs if os.path.exists(f"/proc/self/fd/{fd}")]
+            os.write(w, repr(kept).encode())
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            kept = f.read()
+        os.waitpid(pid, 0)
+        assert kept == "[]", kept
+    finally:
+        p.kill()
+        p.wait()
