@@ -561,30 +561,113 @@ done:
 }
 
 PyDoc_STRVAR(tree_sample_doc,
-             "tree_sample(pid, skip_root=False) -> (memory, tasks, procs, cpu_user, cpu_system,\n"
-             "                                      root_alive)\n"
+             "tree_sample(pid, skip_root=False, cache=None) -> (memory, tasks, procs, cpu_user,\n"
+             "                                                  cpu_system, root_alive)\n"
              "--\n\n"
              "Sample the process tree rooted at pid: anonymous+shmem resident+swap\n"
              "bytes and threads summed, processes, CPU seconds of the live processes\n"
              "and the children they reaped.  skip_root: the root's own memory and\n"
-             "tasks are not counted (a PID namespace's reaper).");
+             "tasks are not counted (a PID namespace's reaper).  cache: a zeroed\n"
+             "bytearray of TREE_CACHE_SIZE bytes kept between samples of this tree;\n"
+             "while nothing in the tree has run, the last figures are reused.");
 
 static PyObject *core_tree_sample(PyObject *self, PyObject *args)
 {
     struct sbx_tree_sample s;
     int pid, skip_root = 0, rc;
+    PyObject *cache_obj = Py_None;
+    Py_buffer cache = {0};
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "i|p:tree_sample", &pid, &skip_root))
+    if (!PyArg_ParseTuple(args, "i|pO:tree_sample", &pid, &skip_root, &cache_obj))
         return NULL;
+    if (cache_obj != Py_None) {
+        if (PyObject_GetBuffer(cache_obj, &cache, PyBUF_WRITABLE) < 0)
+            return NULL;
+        if (cache.len != (Py_ssize_t)sizeof(struct sbx_tree_cache)) {
+            PyBuffer_Release(&cache);
+            PyErr_SetString(PyExc_ValueError, "tree_sample: cache must be TREE_CACHE_SIZE bytes");
+            return NULL;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
-        rc = sbx_tree_sample((pid_t)pid, skip_root, &s);
+        if (cache.buf)
+            rc = sbx_tree_sample_cached((pid_t)pid, skip_root, (struct sbx_tree_cache *)cache.buf,
+                                        &s);
+        else
+            rc = sbx_tree_sample((pid_t)pid, skip_root, &s);
     Py_END_ALLOW_THREADS
+    if (cache.buf)
+        PyBuffer_Release(&cache);
     if (rc < 0)
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_tree_sample");
     return Py_BuildValue("(KIIddO)", (unsigned long long)s.memory, (unsigned)s.tasks,
                          (unsigned)s.procs, s.cpu_user, s.cpu_system,
                          s.root_alive ? Py_True : Py_False);
+}
+
+PyDoc_STRVAR(tree_sample_many_doc,
+             "tree_sample_many(trees) -> list\n"
+             "--\n\n"
+             "tree_sample(pid, skip_root, cache) for each (pid, skip_root, cache) of\n"
+             "trees, in one call: a tuple as tree_sample's, None where the cache\n"
+             "answered (nothing in the tree ran: the last figures stand), or the\n"
+             "errno where the tree could not be read.");
+
+static PyObject *core_tree_sample_many(PyObject *self, PyObject *trees)
+{
+    PyObject *seq, *out;
+    Py_ssize_t i, n;
+
+    (void)self;
+    seq = PySequence_Fast(trees, "tree_sample_many: a sequence of (pid, skip_root, cache)");
+    if (!seq)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    out = PyList_New(n);
+    if (!out) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        struct sbx_tree_sample s;
+        Py_buffer cache;
+        PyObject *item;
+        int pid, skip_root, rc, err;
+
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ipw*:tree_sample_many", &pid,
+                              &skip_root, &cache))
+            goto fail;
+        if (cache.len != (Py_ssize_t)sizeof(struct sbx_tree_cache)) {
+            PyBuffer_Release(&cache);
+            PyErr_SetString(PyExc_ValueError,
+                            "tree_sample_many: cache must be TREE_CACHE_SIZE bytes");
+            goto fail;
+        }
+        Py_BEGIN_ALLOW_THREADS
+            rc = sbx_tree_sample_cached((pid_t)pid, skip_root, (struct sbx_tree_cache *)cache.buf,
+                                        &s);
+            err = errno;
+        Py_END_ALLOW_THREADS
+        PyBuffer_Release(&cache);
+        if (rc < 0)
+            item = PyLong_FromLong(err);
+        else if (rc == 1)
+            item = Py_NewRef(Py_None);
+        else
+            item = Py_BuildValue("(KIIddO)", (unsigned long long)s.memory, (unsigned)s.tasks,
+                                 (unsigned)s.procs, s.cpu_user, s.cpu_system,
+                                 s.root_alive ? Py_True : Py_False);
+        if (!item)
+            goto fail;
+        PyList_SET_ITEM(out, i, item);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_DECREF(seq);
+    Py_DECREF(out);
+    return NULL;
 }
 
 PyDoc_STRVAR(tree_signal_doc, "tree_signal(pid, sig, pgid) -> int\n"
@@ -998,6 +1081,7 @@ static PyMethodDef core_methods[] = {
     {"landlock_abi", core_landlock_abi, METH_NOARGS, landlock_abi_doc},
     {"spawn", core_spawn, METH_VARARGS, spawn_doc},
     {"tree_sample", core_tree_sample, METH_VARARGS, tree_sample_doc},
+    {"tree_sample_many", core_tree_sample_many, METH_O, tree_sample_many_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
 #ifdef __APPLE__
     {"seatbelt_apply", core_seatbelt_apply, METH_O, seatbelt_apply_doc},
@@ -1024,7 +1108,8 @@ static int core_exec(PyObject *m)
         Py_DECREF(steps);
         return -1;
     }
-    if (PyModule_AddIntConstant(m, "PROBE_PIDFD", SBX_PROBE_PIDFD) < 0 ||
+    if (PyModule_AddIntConstant(m, "TREE_CACHE_SIZE", (long)sizeof(struct sbx_tree_cache)) < 0 ||
+        PyModule_AddIntConstant(m, "PROBE_PIDFD", SBX_PROBE_PIDFD) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_CLOSE_RANGE", SBX_PROBE_CLOSE_RANGE) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_NO_NEW_PRIVS", SBX_PROBE_NO_NEW_PRIVS) < 0 ||
         PyModule_AddIntConstant(m, "PROBE_SECCOMP", SBX_PROBE_SECCOMP) < 0 ||

@@ -253,6 +253,27 @@ struct sbx_tree_sample {
  * Returns 0, or -1 with errno (ENOSYS where the platform has no way). */
 int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out);
 
+/* What a sample remembers of a small tree, so that the next one can tell
+ * that nothing in it has run since: memory grows, processes fork and exit
+ * only by running.  Zeroed by the caller before the first sample. */
+#define SBX_TREE_CACHE_PROCS 8  /* larger trees are walked every time */
+#define SBX_TREE_CACHE_WALK  10 /* a full walk at least every this many samples */
+struct sbx_tree_cache {
+    uint32_t n;      /* processes remembered (0: walk) */
+    uint32_t reused; /* samples answered from it since the last walk */
+    pid_t pid[SBX_TREE_CACHE_PROCS];
+    uint64_t ran_ns[SBX_TREE_CACHE_PROCS]; /* CPU time, every thread (process CPU clock) */
+    struct sbx_tree_sample last;
+};
+
+/* sbx_tree_sample, answered from `cache` while no remembered process has
+ * run since the last walk (Linux; elsewhere it always walks).  A walk refills the cache.  The
+ * walk's figures can only go stale through what runs in no process of the tree (a khugepaged
+ * collapse, reclaim): at most SBX_TREE_CACHE_WALK samples.
+ * Returns 1 when the cache answered, 0 after a walk, -1 with errno. */
+int sbx_tree_sample_cached(pid_t root, int skip_root, struct sbx_tree_cache *cache,
+                           struct sbx_tree_sample *out);
+
 /* Send sig to the root, every descendant, and (pgid > 0) the process group.
  * For SIGKILL the tree is stopped first and re-walked until no new process
  * appears, so a fork loop cannot outrun it.  Returns the number of

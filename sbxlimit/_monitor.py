@@ -166,10 +166,13 @@ class Watch:
         "pids_limit",
         "reaper",
         "recheck",
+        "sampled_at",
         "sigkill_at",
         "start",
+        "swept",
         "tasks_now",
         "tasks_peak",
+        "tree_cache",
         "wall_time",
         "warn_disk",
         "warn_evented",
@@ -220,6 +223,11 @@ class Watch:
         # (when, tries left): v1 signals an OOM before the kill is counted;
         # the counter is read again shortly.
         self.recheck: tuple[float, int] | None = None
+        # What the last walk of its tree saw (no cgroup): while nothing in
+        # the tree has run, a sample reads one small file per process.
+        self.tree_cache = bytearray(_core.TREE_CACHE_SIZE) if cgroup is None else None
+        self.swept = False  # its tree is sampled by its interval's sweep, not on its own
+        self.sampled_at = -math.inf  # when a sweep last confirmed memory_now etc.
         self.cpu_time = cpu_time  # the tree's CPU seconds (no cgroup)
         # The leader is a PID namespace's reaper: a copy of our memory, not
         # the sandbox's, left out of samples.
@@ -268,7 +276,7 @@ class Watch:
             t = self.sigkill_at
         if self.kill is None and self.deadline is not None:
             t = min(t, self.deadline)
-        if self.next_sample is not None:
+        if self.next_sample is not None and not self.swept:
             t = min(t, self.next_sample)
         if self.recheck is not None:
             t = min(t, self.recheck[0])
@@ -280,6 +288,13 @@ class Watch:
             return self.next_sample is not None
         warn = self.warn_memory is not None and not self.warn_evented
         return bool(self.cg_sampled) or warn or self.cpu_time is not None or self.disk is not None
+
+    def fresh_tree(self, now: float) -> tuple[int, int, float, float] | None:
+        """The tree's (memory, tasks, cpu user, cpu system) from a sweep no
+        older than one interval, or None: usage() reads no tree twice."""
+        if now - self.sampled_at > self.interval or self.done:
+            return None
+        return (self.memory_now, self.tasks_now, *self.cpu_seen)
 
     def samples(self) -> Samples:
         """What its samples saw, for the evidence record."""
@@ -349,6 +364,10 @@ class Monitor:
         self._gates: dict[str, bytes] = {}
         self._read_every = math.inf
         self._read_at = math.inf
+        # Trees without a cgroup: every tree of an interval is sampled in
+        # one sweep (one call into the core; an unchanged tree costs a
+        # system call per process).  interval -> [members, next sweep].
+        self._sweeps: dict[float, tuple[dict[Watch, None], list[float]]] = {}
         self._retiring: dict[Cgroup, float] = {}  # cgroup → give up after
         self._pool = Pool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
@@ -392,6 +411,14 @@ class Monitor:
                     self._events.register(fd, mask)
             if timers:
                 self._watches.add(w)
+                if w.tree_cache is not None and w.next_sample is not None:
+                    w.swept = True
+                    group = self._sweeps.get(w.interval)
+                    if group is None:
+                        at = next_sample(time.monotonic(), w.interval)
+                        group = self._sweeps[w.interval] = ({}, [at])
+                        wake = wake or at < self._sleep_until
+                    group[0][w] = None
                 self._schedule(w)
                 wake = wake or w.due() < self._sleep_until
             if pidfd >= 0:
@@ -472,7 +499,17 @@ class Monitor:
             if t != math.inf:
                 heapq.heappush(self._heap, (t, next(self._seq), w))
 
+    def _leave_sweep(self, w: Watch) -> None:
+        if w.swept:
+            w.swept = False
+            group = self._sweeps.get(w.interval)
+            if group is not None:
+                group[0].pop(w, None)
+                if not group[0]:
+                    del self._sweeps[w.interval]
+
     def _unschedule(self, w: Watch) -> None:
+        self._leave_sweep(w)
         if w.heap_at != math.inf:
             w.heap_at = math.inf
             self._stale += 1
@@ -540,21 +577,35 @@ class Monitor:
             tries = w.recheck[1]
             w.recheck = None
             self._on_memory_event(w, w.cgroup, tries)
-        if w.next_sample is not None and now >= w.next_sample:
+        if w.next_sample is not None and now >= w.next_sample and not w.swept:
             w.next_sample = next_sample(now, w.interval)
-            self._sample(w)
+            if w.cgroup is not None:
+                self._sample_cgroup(w, w.cgroup)
             if w.disk is not None and not w.done:
                 self._sample_disk(w, *w.disk)
 
-    def _sample(self, w: Watch) -> None:
-        if w.cgroup is not None:
-            self._sample_cgroup(w, w.cgroup)
-            return
-        try:
-            memory, tasks, _procs, user, system, alive = _core.tree_sample(w.pid, w.reaper)
-        except OSError:
-            w.next_sample = None
-            return
+    def _sweep(self, interval: float, now: float) -> None:
+        """Sample every tree of this interval's sweep."""
+        members, at = self._sweeps[interval]
+        at[0] = next_sample(now, interval)
+        ws, trees = [], []
+        for w in members:
+            if w.tree_cache is not None and not w.done:
+                ws.append(w)
+                trees.append((w.pid, w.reaper, w.tree_cache))
+        for w, r in zip(ws, _core.tree_sample_many(trees), strict=True):
+            w.sampled_at = now  # None: the cache answered, the figures stand
+            if isinstance(r, tuple):
+                self._sample(w, r)
+            elif r is not None:  # unreadable: nothing more to sample
+                w.next_sample = None
+                self._leave_sweep(w)
+                continue
+            if w.disk is not None and not w.done:
+                self._sample_disk(w, *w.disk)
+
+    def _sample(self, w: Watch, sample: tuple[int, int, int, float, float, bool]) -> None:
+        memory, tasks, _procs, user, system, alive = sample
         if not alive:
             self._leader_exited(w)
             return
@@ -783,6 +834,8 @@ class Monitor:
             new, self._new_pumps = self._new_pumps, []
             now = time.monotonic()
             due = min(self._next_due(), self._read_at)
+            for _members, at in self._sweeps.values():
+                due = min(due, at[0])
             if self._retiring:
                 due = min(due, now + _RETIRE_TICK)
             pool_due = now if self._pool.wanted() else self._pool.next_expiry()
@@ -822,6 +875,9 @@ class Monitor:
                 self._schedule(w)
             if self._read_at <= now:
                 self._read_tick(now)
+            for interval, (_members, at) in list(self._sweeps.items()):
+                if at[0] <= now:
+                    self._sweep(interval, now)
             if self._retiring:
                 self._retire_tick(now)
         self._flush_warnings()

@@ -848,8 +848,8 @@ class Sandbox:
             return usage(
                 wall=wall, disk=self.live_disk(), final=False, cgroup=cg.stats(evidence=False)
             )
-        tree = None
-        if _core.HAS_PROCTREE:
+        tree = w.fresh_tree(time.monotonic()) if w is not None else None
+        if tree is None and _core.HAS_PROCTREE:
             try:
                 m, t, _procs, cpu_u, cpu_s, _alive = _core.tree_sample(
                     self.pid, bool(self.plan.ns_flags & CLONE_NEWPID)

@@ -186,3 +186,80 @@ def test_a_forked_child_does_not_keep_the_event_fds():
     finally:
         p.kill()
         p.wait()
+
+
+# -- trees without a cgroup: one sweep, unchanged trees answered cheaply ----
+
+_WAKE_AND_GROW = """
+import os, threading, time
+def grow():
+    time.sleep(2.5)  # a few samples find nothing changed
+    pid = os.fork()
+    b = bytearray(40 << 20)  # both processes: 80 MiB and more in all
+    time.sleep(30)
+{how}
+"""
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param("grow()", id="main-thread"),
+        # The main thread sleeps in join: only the other thread runs.
+        pytest.param("t = threading.Thread(target=grow); t.start(); t.join()", id="other-thread"),
+    ],
+)
+def test_a_tree_that_idles_then_grows_is_seen_at_the_next_sample(how):
+    # Samples 1 s apart; a full walk is forced only every 10: an unchanged
+    # tree's answer must not hide what ran since.
+    code = _WAKE_AND_GROW.format(how=how)
+    limits = sbxlimit.Limits(memory="64Mi", wall_time=8)
+    r = sbxlimit.run(
+        [sys.executable, "-c", code], limits=limits, sample_interval=1, cgroup_parent="none"
+    )
+    t = r.termination
+    assert t.reason == "memory", t
+    assert t.mechanism.endswith("watchdog:memory"), t
+
+
+def test_many_trees_are_sampled_in_one_sweep():
+    # Twenty trees with the same interval: one wake-up samples them all.
+    limits = sbxlimit.Limits(memory="64Mi", wall_time=120)
+    procs = [
+        sbxlimit.Popen(["sleep", "120"], limits=limits, cgroup_parent="none", sample_interval=0.2)
+        for _ in range(20)
+    ]
+    try:
+        mon = get_monitor()
+        time.sleep(0.5)
+        before = mon.wakeups
+        time.sleep(1.0)
+        woke = mon.wakeups - before
+        assert all(p.poll() is None for p in procs)
+        # 5 sweeps a second; each tree on its own would be 100 wake-ups.
+        assert woke <= 8, f"{woke} wake-ups in a second for 20 trees sampled every 0.2 s"
+    finally:
+        _kill_all(procs)
+
+
+def test_usage_of_a_sampled_tree_reads_the_sweeps_figures(monkeypatch):
+    from sbxlimit import _sandbox
+
+    limits = sbxlimit.Limits(memory="64Mi", wall_time=60)
+    p = sbxlimit.Popen(["sleep", "60"], limits=limits, cgroup_parent="none", sample_interval=0.2)
+    try:
+        time.sleep(0.5)  # swept at least once
+        walks = []
+        real = _sandbox._core.tree_sample
+
+        def counted(*a):
+            walks.append(a)
+            return real(*a)
+
+        monkeypatch.setattr(_sandbox._core, "tree_sample", counted)
+        seen = [p.usage() for _ in range(50)]
+        assert all(u.memory_now is not None and u.memory_now > 0 for u in seen), seen[-1]
+        assert len(walks) <= 2, f"usage() walked the tree {len(walks)} times in 50 calls"
+    finally:
+        p.kill()
+        p.wait()

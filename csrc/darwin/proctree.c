@@ -228,3 +228,11 @@ int sbx_tree_signal(pid_t root, int sig, pid_t pgid)
     free(s.pid);
     return n;
 }
+
+int sbx_tree_sample_cached(pid_t root, int skip_root, struct sbx_tree_cache *cache,
+                           struct sbx_tree_sample *out)
+{
+    /* No cheap "has it run" here: always walk. */
+    cache->n = 0;
+    return sbx_tree_sample(root, skip_root, out);
+}

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../sbx.h"
@@ -298,35 +299,69 @@ static int sample_push(void *arg, pid_t child)
     return vec_push(&w->v, child, -1, 0);
 }
 
-int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out)
+/* Time every thread of pid has spent on a CPU, in ns: its process CPU
+ * clock (clock_getcpuclockid's encoding, without glibc's extra
+ * clock_getres): one system call, no /proc path to look up.  -1 once the
+ * process is reaped, or where the clock cannot be read. */
+static int read_ran(pid_t pid, uint64_t *ns)
+{
+    clockid_t clk = (clockid_t)((~(unsigned)pid << 3) | 2U); /* CPUCLOCK_SCHED */
+    struct timespec ts;
+
+    if (clock_gettime(clk, &ts) < 0)
+        return -1;
+    *ns = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    return 0;
+}
+
+static int walk(pid_t root, int skip_root, struct sbx_tree_cache *cache,
+                struct sbx_tree_sample *out)
 {
     static long ticks;
     struct sample_walk w;
     size_t i;
     char path[64], buf[4096];
+    int cacheable = cache != NULL;
 
     if (!ticks)
         ticks = sysconf(_SC_CLK_TCK);
     memset(out, 0, sizeof *out);
     memset(&w, 0, sizeof w);
+    if (cache)
+        cache->n = 0;
     if (vec_push(&w.v, root, -1, 0) < 0)
         return -1;
     for (i = 0; i < w.v.n; i++) {
         pid_t pid = w.v.pid[i];
         const char *rp;
         struct status st;
+        uint64_t ran = 0;
 
+        /* Before anything else of it: whatever it does after this read
+         * shows in the next one. */
+        if (cacheable && read_ran(pid, &ran) < 0)
+            cacheable = 0;
         if (read_status(pid, &st) < 0)
             continue; /* gone */
         if (st.state == 'Z' || st.state == 'X') {
             /* No memory and no children left, but its pid is held until it
              * is reaped, as a pids cgroup and RLIMIT_NPROC count it: a fork
-             * loop that reaps late stays at the limit with zombies. */
+             * loop that reaps late stays at the limit with zombies.  Its
+             * reaping shows as its parent's running. */
             if (i > 0) {
                 out->procs++;
                 out->tasks++;
             }
             continue;
+        }
+        if (cacheable) {
+            if (cache->n == SBX_TREE_CACHE_PROCS) {
+                cacheable = 0;
+            } else {
+                cache->pid[cache->n] = pid;
+                cache->ran_ns[cache->n] = ran;
+                cache->n++;
+            }
         }
         if (i == 0)
             out->root_alive = 1;
@@ -354,7 +389,38 @@ int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out)
             break;
     }
     vec_free(&w.v);
+    if (cache) {
+        if (!cacheable || !out->root_alive)
+            cache->n = 0;
+        cache->reused = 0;
+        cache->last = *out;
+    }
     return 0;
+}
+
+int sbx_tree_sample(pid_t root, int skip_root, struct sbx_tree_sample *out)
+{
+    return walk(root, skip_root, NULL, out);
+}
+
+int sbx_tree_sample_cached(pid_t root, int skip_root, struct sbx_tree_cache *cache,
+                           struct sbx_tree_sample *out)
+{
+    uint32_t i;
+
+    if (cache->n == 0 || cache->n > SBX_TREE_CACHE_PROCS || cache->reused >= SBX_TREE_CACHE_WALK ||
+        cache->pid[0] != root)
+        return walk(root, skip_root, cache, out);
+    for (i = 0; i < cache->n; i++) {
+        uint64_t ran;
+
+        /* Gone, or ran (a new thread or child is made by running): walk. */
+        if (read_ran(cache->pid[i], &ran) < 0 || ran != cache->ran_ns[i])
+            return walk(root, skip_root, cache, out);
+    }
+    cache->reused++;
+    *out = cache->last;
+    return 1;
 }
 
 /* ---- signalling -------------------------------------------------------- */
