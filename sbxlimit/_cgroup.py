@@ -649,8 +649,7 @@ class Cgroup:
           for ``memory.oom_control`` (every OOM kill), and for a
           ``memory.usage_in_bytes`` threshold (`warn_at`: field "warn").
         * v1 ``pids.events`` never wakes a poller (the kernel notifies the
-          v2 file only): the fd is kept, field "pids-read", for the
-          supervisor to read in one batch per interval.
+          v2 file only): not covered; the supervisor reads it in a batch.
 
         Never the last quarter of the fd table: past it the fields stay
         sampled (the caller's own files come first)."""
@@ -662,10 +661,7 @@ class Cgroup:
                     fd = os.open(self._path(field, f"{field}.events") or "", _RDONLY)
                     self._keep_event(fd, field)
                     os.pread(fd, 4096, 0)  # reading arms kernfs's poll
-                elif field == "pids":
-                    fd = os.open(self._path("pids", "pids.events") or "", _RDONLY)
-                    self._keep_event(fd, "pids-read")
-                elif field == "memory":
+                elif field == "memory" and not v2:
                     self._v1_memory_event("memory.oom_control", "")
                     if warn_at is not None:
                         self._v1_memory_event("memory.usage_in_bytes", f" {warn_at}")
@@ -702,6 +698,22 @@ class Cgroup:
                 os.close(fd)
         finally:
             os.close(watched)
+
+    def counter_file(self, field: str) -> str | None:
+        """The file whose change means `field` (memory, pids) was hit."""
+        if field == "memory":
+            v2 = self.site.version == 2
+            return self._path("memory", "memory.events" if v2 else "memory.oom_control")
+        return self._path("pids", "pids.events")
+
+    def cpu_gate(self) -> str | None:
+        """A file of the parent cgroup that changes whenever any process in
+        any of its sandboxes runs: its CPU counter (hierarchical)."""
+        want = "" if self.site.version == 2 else "cpuacct"
+        parent = next((d for c, d in self.site.parents if c == want), None)
+        if parent is None:
+            return None
+        return os.path.join(parent, "cpu.stat" if want == "" else "cpuacct.usage")
 
     def close_events(self) -> None:
         for fd, _f in self.events:

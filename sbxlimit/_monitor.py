@@ -73,20 +73,13 @@ def next_sample(now: float, interval: float) -> float:
     return math.floor((now + interval) / q) * q
 
 
-def _cpu_gate(w: Watch) -> str | None:
-    """The cpuacct.usage of the parent of w's v1 cgroup, if any."""
-    assert w.cgroup is not None
-    parent = next((d for c, d in w.cgroup.site.parents if c == "cpuacct"), None)
-    return None if parent is None else os.path.join(parent, "cpuacct.usage")
-
-
 def _read_quiet(path: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return b""
     try:
-        return os.read(fd, 64)
+        return os.read(fd, 4096)
     except OSError:
         return b""
     finally:
@@ -164,6 +157,7 @@ class Watch:
         "pid",
         "pidfd",
         "pids_limit",
+        "read_paths",
         "reaper",
         "recheck",
         "sampled_at",
@@ -219,6 +213,7 @@ class Watch:
         self.cg_sampled = cg_ends
         self.warn_evented = False  # the memory warning comes as an event (v1)
         self.event_fds: list[int] = []  # registered with the monitor
+        self.read_paths: list[str] = []  # counter files read in the monitor's batch
         self.heap_at = math.inf  # due time of its live heap entry
         # (when, tries left): v1 signals an OOM before the kill is counted;
         # the counter is read again shortly.
@@ -355,12 +350,14 @@ class Monitor:
             efd = self._events.fileno()
             self._sel.register(efd, selectors.EVENT_READ, _Dispatch(self._on_cgroup_events))
             self._idents[efd] = fd_ident(efd)
-        # v1 pids.events: read in one batch per interval (fd -> watch, last,
-        # gate).  A gate is the parent's cpuacct.usage: a fork needs CPU, so
-        # while the sandboxes' parent has used none, none forked (a fork
-        # not yet charged is seen one interval later: the counter stays).
-        self._reads: dict[str | None, dict[int, tuple[Watch, bytes]]] = {}
-        self._read_gate: dict[int, str | None] = {}  # fd -> its gate
+        # Counter files no event covers (v1 pids.events; any, past the fd
+        # budget): read in one batch per interval, by path (no fd held):
+        # gate -> {path: (watch, last, field)}.  A gate is the parent
+        # cgroup's CPU counter: a fork or an allocation needs CPU, so while
+        # the parent has used none, no counter moved (a hit not yet charged
+        # is seen one interval later: counters stay).
+        self._reads: dict[str | None, dict[str, tuple[Watch, bytes, str]]] = {}
+        self._read_gate: dict[str, str | None] = {}  # path -> its gate
         self._gates: dict[str, bytes] = {}
         self._read_every = math.inf
         self._read_at = math.inf
@@ -389,26 +386,33 @@ class Monitor:
                 pidfd = os.pidfd_open(w.pid)
             except OSError:
                 pidfd = -1
-        events = self._open_events(w) if timers and w.cgroup is not None else []
+        events: list[tuple[int, str]] = []
+        reads: list[tuple[str, str]] = []
+        if timers and w.cgroup is not None:
+            events, reads = self._open_events(w)
+        firsts = [_read_quiet(path) for path, _f in reads]
         wake = False
         with self._lock:
             for fd, field in events:
                 w.event_fds.append(fd)
                 if field != "eventfd":
                     self._event_idents[fd] = fd_ident(fd)
-                if field == "pids-read":
-                    gate = _cpu_gate(w)
-                    self._reads.setdefault(gate, {})[fd] = (w, os.pread(fd, 256, 0))
-                    self._read_gate[fd] = gate
-                    if gate is not None:
-                        self._gates.setdefault(gate, b"")
-                    self._read_every = min(self._read_every, w.interval)
-                    self._read_at = min(self._read_at, next_sample(w.start, w.interval))
-                    wake = wake or self._read_at < self._sleep_until
-                else:
-                    self._by_event[fd] = (w, field)
-                    mask = select.EPOLLIN if field == "eventfd" else select.EPOLLPRI
-                    self._events.register(fd, mask)
+                self._by_event[fd] = (w, field)
+                mask = select.EPOLLIN if field == "eventfd" else select.EPOLLPRI
+                self._events.register(fd, mask)
+            if reads:
+                assert w.cgroup is not None
+                gate = w.cgroup.cpu_gate()
+                if gate is not None:
+                    self._gates.setdefault(gate, b"")
+                batch = self._reads.setdefault(gate, {})
+                for (path, field), first in zip(reads, firsts, strict=True):
+                    batch[path] = (w, first, field)
+                    self._read_gate[path] = gate
+                    w.read_paths.append(path)
+                self._read_every = min(self._read_every, w.interval)
+                self._read_at = min(self._read_at, next_sample(w.start, w.interval))
+                wake = wake or self._read_at < self._sleep_until
             if timers:
                 self._watches.add(w)
                 if w.tree_cache is not None and w.next_sample is not None:
@@ -430,34 +434,43 @@ class Monitor:
         if wake:
             self._wake()
 
-    def _open_events(self, w: Watch) -> list[tuple[int, str]]:
-        """The cgroup's event fds for what the kernel holds (or reports in a
-        file read in batch); what they cover is no longer sampled."""
+    def _open_events(self, w: Watch) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
+        """The cgroup's event fds for what the kernel reports, and the
+        counter files read in batch for the rest of memory and pids; what
+        either covers is no longer sampled on its own."""
         cg = w.cgroup
         assert cg is not None
         fields = [f for f, _l, _m in w.cg_ends if f in ("memory", "pids")]
         warn_at = None
         if w.warn_memory is not None and cg.site.version == 1:
             warn_at = w.warn_memory[0]
-        if (not fields and warn_at is None) or self._events is None:
-            return []
-        covered = cg.open_events(fields, warn_at)
+        if not fields and warn_at is None:
+            return [], []
+        covered = cg.open_events(fields, warn_at) if self._events is not None else []
+        reads = []
+        for field in fields:
+            path = cg.counter_file(field) if field not in covered else None
+            if path is not None:
+                reads.append((path, field))
+                covered.append(field)
         w.warn_evented = "warn" in covered
         w.cg_sampled = tuple(e for e in w.cg_ends if e[0] not in covered)
         if not w.sampled():
             w.next_sample = None
         v1_memory = cg.site.version == 1
-        return [
+        events = [
             (fd, "eventfd" if field == "memory" and v1_memory else field) for fd, field in cg.events
         ]
+        return events, reads
 
     def _drop_events(self, w: Watch) -> None:
         # Before the cgroup closes them (Cgroup.remove): a number reused by
         # another file must not be read as this sandbox's.
+        for path in w.read_paths:
+            if path in self._read_gate:
+                del self._reads[self._read_gate.pop(path)][path]
+        w.read_paths = []
         for fd in w.event_fds:
-            if fd in self._read_gate:
-                group = self._reads[self._read_gate.pop(fd)]
-                del group[fd]
             self._event_idents.pop(fd, None)
             if self._by_event.pop(fd, None) is not None:
                 try:
@@ -696,8 +709,7 @@ class Monitor:
         """Remove `cg` once it is empty (a killed cgroup takes a few ms)."""
         with self._lock:
             for fd, _f in cg.events:
-                gate = self._read_gate.get(fd, "")
-                entry = self._by_event.get(fd) or self._reads.get(gate, {}).get(fd)
+                entry = self._by_event.get(fd)
                 if entry is not None:
                     self._drop_events(entry[0])
             self._retiring[cg] = time.monotonic() + _RETIRE_FOR
@@ -781,8 +793,8 @@ class Monitor:
             w.recheck = (time.monotonic() + _RECHECK_AFTER, tries - 1)
 
     def _read_tick(self, now: float) -> None:
-        """v1 pids.events of every sandbox in one pass: a changed file is a
-        refused fork."""
+        """The counter files no event covers, in one pass: a changed file is
+        a refused fork or an OOM kill (read and judged by _sample_cgroup)."""
         moved: dict[str | None, bool] = {None: True}
         for path, last in list(self._gates.items()):
             used = _read_quiet(path)
@@ -792,18 +804,21 @@ class Monitor:
         for gate, group in self._reads.items():
             if not moved.get(gate, True):
                 continue
-            for fd, (w, last) in group.items():
-                try:
-                    data = os.pread(fd, 256, 0)
-                except OSError:
-                    continue
-                if data != last:
-                    changed.append((group, fd, w, data))
-        for group, fd, w, data in changed:
-            group[fd] = (w, data)
+            for path, (w, last, field) in group.items():
+                data = _read_quiet(path)
+                if data != last and data:
+                    changed.append((group, path, w, data, field))
+        for group, path, w, data, field in changed:
+            group[path] = (w, data, field)
             cg = w.cgroup
-            if not w.done and cg is not None:
-                self._sample_cgroup(w, cg, tuple(e for e in w.cg_ends if e[0] == "pids"))
+            if w.done or cg is None:
+                continue
+            if field == "memory":
+                self._on_memory_event(w, cg, _RECHECKS)
+            else:
+                self._sample_cgroup(w, cg, tuple(e for e in w.cg_ends if e[0] == field))
+            if w in self._watches:
+                self._schedule(w)
         if self._read_gate:
             self._read_at = next_sample(now, self._read_every)
         else:
@@ -897,8 +912,6 @@ class Monitor:
             owned[fd] = "pidfd"
         for fd, (_w, field) in list(self._by_event.items()):
             owned[fd] = "eventfd" if field == "eventfd" else self._event_idents.get(fd)
-        for fd in list(self._read_gate):
-            owned[fd] = self._event_idents.get(fd)
         for fd, ident in owned.items():
             try:
                 if ident in ("pidfd", "eventfd"):
