@@ -1,4 +1,5 @@
-"""Runs tests/test_cgroups.py (and, in one guest, tests/test_verdicts.py)
+"""Runs tests/test_cgroups.py (and, in one guest, tests/test_verdicts.py and
+tests/test_scale.py: v2's kernfs events)
 under a real cgroup v2 kernel, and
 tests/test_escapes.py and tests/test_file_rules.py under a kernel without
 Landlock.
@@ -73,7 +74,7 @@ def test_cgroup_suite_under_cgroup2():
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     pytest_cmd += ["-p", "no:randomly"]
     cgroups = [os.path.join(HERE, "test_cgroups.py")]
-    verdicts = [os.path.join(HERE, "test_verdicts.py")]
+    verdicts = [os.path.join(HERE, f) for f in ("test_verdicts.py", "test_scale.py")]
     escapes = [os.path.join(HERE, f) for f in ("test_escapes.py", "test_file_rules.py")]
     # The guests share the host's files: each gets a temp dir of its own, or
     # one's leak check would see the other's workspaces.
