@@ -17,6 +17,7 @@ import time
 import pytest
 
 import sbxlimit
+from sbxlimit import audit
 from sbxlimit._cgroup import discover
 from sbxlimit._monitor import get_monitor
 
@@ -29,6 +30,14 @@ def _needs(*controllers: str) -> None:
     for c in controllers:
         if not SITE.has(c):
             pytest.skip(f"the {c} controller is not delegated here")
+
+
+@pytest.fixture
+def events():
+    got: list[audit.Event] = []
+    unsubscribe = audit.subscribe(got.append)
+    yield got
+    unsubscribe()
 
 
 def _kill_all(procs: list[sbxlimit.Popen]) -> None:
@@ -263,3 +272,48 @@ def test_usage_of_a_sampled_tree_reads_the_sweeps_figures(monkeypatch):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_v1_memory_warning_comes_as_an_event(events):
+    # A usage threshold on the cgroup's eventfd: no sample is needed (they
+    # are a minute apart here).  v2 has no threshold event: it samples.
+    _needs("memory")
+    if SITE.version != 1:
+        pytest.skip("cgroup v2 has no usage threshold event; its warning is sampled")
+    hog = "b = bytearray(80 << 20); import time; time.sleep(60)"
+    limits = sbxlimit.Limits(memory="128Mi", wall_time=3)
+    sbxlimit.run([sys.executable, "-c", hog], limits=limits, sample_interval=60, warn_at=0.5)
+    warn = [e for e in events if e.name == "resource_warning"]
+    assert len(warn) == 1 and warn[0].field == "memory", warn
+    assert warn[0].observed >= 0.5 * warn[0].limit
+
+
+def test_a_fast_allocating_tree_is_ended_within_the_stated_bound():
+    # The bound (docs/api.md, the supervisor): ended at the first sample
+    # past the limit; each process held by RLIMIT_DATA meanwhile.  Four
+    # processes allocate as fast as they can, 1 MiB at a time.
+    code = textwrap.dedent(
+        """
+        import os, time
+        for _ in range(3):
+            if os.fork() == 0:
+                break
+        chunks = []
+        try:
+            for _ in range(200):
+                chunks.append(bytearray(1 << 20))
+        except MemoryError:
+            pass
+        time.sleep(60)
+        """
+    )
+    limit = 64 << 20
+    r = sbxlimit.run(
+        [sys.executable, "-c", code],
+        limits={"memory": limit, "wall_time": 20},
+        cgroup_parent="none",
+        sample_interval=0.05,
+    )
+    t = r.termination
+    assert t.reason == "memory", t
+    assert limit < t.observed <= 4 * limit, t
