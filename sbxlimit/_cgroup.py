@@ -424,6 +424,7 @@ class Cgroup:
         "dirs",
         "events",
         "name",
+        "paths",
         "peak_memory",
         "peak_pids",
         "removed",
@@ -437,6 +438,7 @@ class Cgroup:
         self.dirfd = -1
         # (fd, field) the supervisor watches instead of sampling (open_events).
         self.events: list[tuple[int, str]] = []
+        self.paths: dict[tuple[str, str], str | None] = {}
         self.peak_memory = 0
         self.peak_pids = 0
         self.removed = False
@@ -490,8 +492,15 @@ class Cgroup:
         return fds
 
     def _path(self, ctrl: str, fname: str) -> str | None:
+        # Memoized: usage() asks for the same seven files at every call.
+        key = (ctrl, fname)
+        try:
+            return self.paths[key]
+        except KeyError:
+            pass
         d = self.dirs.get("" if self.site.version == 2 else ctrl)
-        return None if d is None else os.path.join(d, fname)
+        path = self.paths[key] = None if d is None else os.path.join(d, fname)
+        return path
 
     def _get(self, ctrl: str, fname: str) -> str:
         path = self._path(ctrl, fname)
@@ -736,6 +745,7 @@ class Cgroup:
             except OSError:
                 continue
             del self.dirs[ctrl]
+            self.paths.clear()
         self.removed = not self.dirs
         return self.removed
 
