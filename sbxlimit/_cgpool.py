@@ -63,6 +63,11 @@ class Pool:
             ready = self._ready.get(kind)
             return ready.pop() if ready else None
 
+    def has_ready(self, site: Site, settings: Settings) -> bool:
+        """A cgroup of this kind is ready for the next spawn."""
+        with self._lock:
+            return bool(self._ready.get((site, settings)))
+
     def wanted(self) -> bool:
         """Whether :meth:`work` has something to do now."""
         with self._lock:

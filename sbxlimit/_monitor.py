@@ -60,6 +60,9 @@ _HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(select, "epoll")
 _LINGER = 5.0
 _IDLE_TICK = 0.1
 _EXIT_POLL = 0.05
+# What may wait for the loop's next pass (retiring a cgroup, refilling the
+# pool) does not wake it when that pass is this close.
+_SOON = 0.1
 _RETIRE_TICK = 0.01
 _RETIRE_FOR = 30.0
 _RECHECKS, _RECHECK_AFTER = 10, 0.005  # an OOM's kill counted within 50 ms
@@ -701,9 +704,17 @@ class Monitor:
         """A cgroup made ahead of need (see _cgpool), or None; the next is
         made here, while the caller waits for its child."""
         cg = self._pool.take(site, settings, name)
-        if self._pool.wanted():
+        # Waking a sleeping thread costs the caller tens of µs: only when the
+        # next spawn of this kind would find none ready, or when the loop
+        # would not pass by soon anyway.
+        if self._pool.wanted() and (
+            not self._pool.has_ready(site, settings) or self._sleeps_long()
+        ):
             self._wake()
         return cg
+
+    def _sleeps_long(self) -> bool:
+        return self._sleep_until > time.monotonic() + _SOON
 
     def retire(self, cg: Cgroup) -> None:
         """Remove `cg` once it is empty (a killed cgroup takes a few ms)."""
@@ -713,7 +724,9 @@ class Monitor:
                 if entry is not None:
                     self._drop_events(entry[0])
             self._retiring[cg] = time.monotonic() + _RETIRE_FOR
-        self._wake()
+            wake = self._sleeps_long()
+        if wake:
+            self._wake()
 
     def _retire_tick(self, now: float) -> None:
         for cg, until in list(self._retiring.items()):
