@@ -1,0 +1,304 @@
+/* floor.c -- what the kernel alone charges for each sandbox mechanism.
+ *
+ * Spawns /bin/true the cheapest way C can (clone(CLONE_VM|CLONE_VFORK) on
+ * a stack of its own, execve, waitpid) with one mechanism's system calls
+ * in the child (or, for a cgroup per sandbox, in the parent), interleaved
+ * and shuffled, and prints the median per variant in ns.  bench/floor.py
+ * builds and runs it and turns the medians into floors: the least any
+ * library on top of subprocess.run could cost for that mechanism.
+ *
+ * Linux only; run as root (cgroup v1 directories, namespaces, Landlock).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/landlock.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum {
+    PLAIN,
+    RLIMITS,
+    CG_JOIN,  /* join ready-made v1 cgroups (a pool) */
+    CG_MAKE,  /* mkdir, limit, join, rmdir a v1 cgroup per spawn */
+    LANDLOCK, /* a read-only ruleset for / and a seccomp filter */
+    MOUNTNS,  /* a private mount namespace with a tmpfs workspace */
+    NETNS,    /* a network namespace */
+    PIDNS,    /* a PID namespace: the program is its PID 1 */
+    TYPICAL,  /* rlimits + cgroup join + mount ns + net ns + Landlock */
+    NVARIANTS
+};
+
+static const char *const names[NVARIANTS] = {
+    "plain",         "rlimits", "cgroup-join", "cgroup-make", "landlock+seccomp",
+    "mountns+tmpfs", "netns",   "pidns",       "typical",
+};
+
+static const char *const hierarchies[] = {"memory", "pids", "cpuacct", "freezer"};
+#define NH (sizeof hierarchies / sizeof hierarchies[0])
+
+static int procs_fd[NH];
+static int ruleset_fd = -1;
+static struct sock_fprog filter;
+static char *const argv_true[] = {"/bin/true", NULL};
+static char *const envp[] = {NULL};
+
+static long landlock(long nr, long a, long b, long c)
+{
+    return syscall(nr, a, b, c, 0L); /* every Landlock call has flags last: 0 */
+}
+
+static int make_ruleset(void)
+{
+    struct landlock_ruleset_attr attr = {.handled_access_fs = (1ULL << 13) - 1};
+    struct landlock_path_beneath_attr root = {
+        .allowed_access =
+            LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR,
+    };
+    int fd = (int)landlock(SYS_landlock_create_ruleset, (long)&attr, sizeof attr, 0);
+
+    if (fd < 0)
+        return -1;
+    root.parent_fd = open("/", O_PATH | O_CLOEXEC);
+    if (landlock(SYS_landlock_add_rule, fd, LANDLOCK_RULE_PATH_BENEATH, (long)&root) < 0)
+        return -1;
+    close(root.parent_fd);
+    return fd;
+}
+
+static void make_filter(void)
+{
+    /* Allow everything but ptrace: the cost of loading and running a
+     * filter, not of a policy. */
+    static struct sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ptrace, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    filter.len = sizeof prog / sizeof prog[0];
+    filter.filter = prog;
+}
+
+static void join_cgroups(void)
+{
+    for (size_t i = 0; i < NH; i++)
+        if (write(procs_fd[i], "0", 1) != 1)
+            _exit(120);
+}
+
+static void sandbox(void)
+{
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    if (landlock(SYS_landlock_restrict_self, ruleset_fd, 0, 0) < 0)
+        _exit(121);
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter) < 0)
+        _exit(122);
+}
+
+static void rlimits(void)
+{
+    struct rlimit r = {1 << 30, 1 << 30};
+    struct rlimit n = {256, 256};
+    struct rlimit c = {10, 11};
+
+    setrlimit(RLIMIT_CPU, &c);
+    setrlimit(RLIMIT_NOFILE, &n);
+    setrlimit(RLIMIT_FSIZE, &r);
+    setrlimit(RLIMIT_DATA, &r);
+}
+
+static void mountns(void)
+{
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount("tmpfs", "/tmp", "tmpfs", 0, "size=1m") < 0)
+        _exit(123);
+}
+
+static int child(void *arg)
+{
+    int v = (int)(intptr_t)arg;
+
+    switch (v) {
+    case RLIMITS:
+        rlimits();
+        break;
+    case CG_JOIN:
+    case CG_MAKE:
+        join_cgroups();
+        break;
+    case LANDLOCK:
+        sandbox();
+        break;
+    case MOUNTNS:
+        mountns();
+        break;
+    case NETNS:
+        if (unshare(CLONE_NEWNET) < 0)
+            _exit(124);
+        break;
+    case TYPICAL:
+        join_cgroups();
+        rlimits();
+        mountns();
+        if (unshare(CLONE_NEWNET) < 0)
+            _exit(124);
+        sandbox();
+        break;
+    }
+    execve(argv_true[0], argv_true, envp);
+    _exit(127);
+}
+
+static int write_file(const char *path, const char *value)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC), ok;
+
+    if (fd < 0)
+        return -1;
+    ok = write(fd, value, strlen(value)) == (ssize_t)strlen(value);
+    close(fd);
+    return ok ? 0 : -1;
+}
+
+static void cgroup_paths(char paths[NH][256], const char *name)
+{
+    for (size_t i = 0; i < NH; i++)
+        snprintf(paths[i], 256, "/sys/fs/cgroup/%s/%s", hierarchies[i], name);
+}
+
+static int open_procs(char paths[NH][256])
+{
+    char p[300];
+
+    for (size_t i = 0; i < NH; i++) {
+        snprintf(p, sizeof p, "%s/cgroup.procs", paths[i]);
+        procs_fd[i] = open(p, O_WRONLY | O_CLOEXEC);
+        if (procs_fd[i] < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void close_procs(void)
+{
+    for (size_t i = 0; i < NH; i++)
+        close(procs_fd[i]);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t spawn_once(int v, char *stack_top, int *counter)
+{
+    char paths[NH][256], name[64], file[300];
+    int flags = CLONE_VM | CLONE_VFORK | SIGCHLD, status;
+    int64_t t0 = now_ns();
+    pid_t pid;
+
+    if (v == CG_MAKE) {
+        snprintf(name, sizeof name, "floor-%d-%d", (int)getpid(), (*counter)++);
+        cgroup_paths(paths, name);
+        for (size_t i = 0; i < NH; i++)
+            if (mkdir(paths[i], 0755) < 0)
+                return -1;
+        snprintf(file, sizeof file, "%s/memory.limit_in_bytes", paths[0]);
+        write_file(file, "1073741824");
+        snprintf(file, sizeof file, "%s/pids.max", paths[1]);
+        write_file(file, "1024");
+        if (open_procs(paths) < 0)
+            return -1;
+    }
+    if (v == PIDNS)
+        flags |= CLONE_NEWPID;
+    pid = clone(child, stack_top, flags, (void *)(intptr_t)v);
+    if (pid < 0)
+        return -1;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "floor: %s: child status %#x\n", names[v], status);
+        return -1;
+    }
+    if (v == CG_MAKE) {
+        close_procs();
+        for (size_t i = 0; i < NH; i++)
+            rmdir(paths[i]);
+    }
+    return now_ns() - t0;
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+    int rounds = argc > 1 ? atoi(argv[1]) : 300, counter = 0;
+    int64_t *t[NVARIANTS];
+    char paths[NH][256];
+    char *stack = malloc(1 << 16);
+    int order[NVARIANTS];
+
+    if (!stack || rounds <= 0)
+        return 2;
+    ruleset_fd = make_ruleset();
+    if (ruleset_fd < 0) {
+        perror("floor: landlock");
+        return 2;
+    }
+    make_filter();
+    cgroup_paths(paths, "floor-pool");
+    for (size_t i = 0; i < NH; i++)
+        mkdir(paths[i], 0755);
+    for (int v = 0; v < NVARIANTS; v++) {
+        t[v] = calloc((size_t)rounds, sizeof **t);
+        order[v] = v;
+    }
+    srand((unsigned)now_ns());
+    for (int r = 0; r < rounds; r++) {
+        for (int i = NVARIANTS - 1; i > 0; i--) {
+            int j = rand() % (i + 1), x = order[i];
+            order[i] = order[j];
+            order[j] = x;
+        }
+        for (int i = 0; i < NVARIANTS; i++) {
+            int v = order[i];
+
+            if ((v == CG_JOIN || v == TYPICAL) && open_procs(paths) < 0)
+                return 2;
+            t[v][r] = spawn_once(v, stack + (1 << 16), &counter);
+            if (v == CG_JOIN || v == TYPICAL)
+                close_procs();
+            if (t[v][r] < 0)
+                return 1;
+        }
+    }
+    for (size_t i = 0; i < NH; i++)
+        rmdir(paths[i]);
+    for (int v = 0; v < NVARIANTS; v++) {
+        qsort(t[v], (size_t)rounds, sizeof **t, cmp64);
+        printf("%s %lld\n", names[v], (long long)t[v][rounds / 2]);
+    }
+    return 0;
+}

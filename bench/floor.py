@@ -1,0 +1,65 @@
+"""The kernel's own cost of each sandbox mechanism: the floor under sbxlimit.
+
+Builds bench/floor.c (the cheapest spawn C can make, with one mechanism's
+system calls) and runs it, then prints, per mechanism, what the kernel adds
+to a plain spawn and the floor that sets for a library on top of
+subprocess.run: 1 + (C variant - C plain) / subprocess.run, with
+subprocess.run's median measured just before and just after.  Linux, root.
+
+    python bench/floor.py [--rounds 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRUE = shutil.which("true") or "/bin/true"
+
+
+def subprocess_median(rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        subprocess.run([TRUE])
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=300)
+    a = ap.parse_args()
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        sys.exit("floor: Linux and root only (cgroup v1 directories, namespaces)")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        sys.exit("floor: no C compiler")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "floor")
+        subprocess.run([cc, "-O2", "-o", exe, os.path.join(HERE, "floor.c")], check=True)
+        before = subprocess_median(a.rounds)
+        out = subprocess.run([exe, str(a.rounds)], capture_output=True, text=True, check=True)
+        after = subprocess_median(a.rounds)
+    sub = (before + after) / 2
+    ns = {name: int(v) / 1e9 for name, v in (line.split() for line in out.stdout.splitlines())}
+    plain = ns["plain"]
+    print(
+        f"# subprocess.run: {sub * 1e6:.0f} us (before {before * 1e6:.0f}, after {after * 1e6:.0f})"
+    )
+    print("| mechanism | C spawn (median) | kernel's extra | floor vs subprocess.run |")
+    print("|---|---|---|---|")
+    for name, t in ns.items():
+        extra = t - plain
+        print(f"| {name} | {t * 1e6:.0f} us | {extra * 1e6:+.0f} us | {1 + extra / sub:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
