@@ -458,10 +458,11 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.landlock_fd = landlock_fd;
     spec.tmpfs_sock = -1;
     spec.ns_status_fd = -1;
+    spec.ns_netns_fd = -1;
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
          * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev,
-         * status_fd, reaper):
+         * status_fd, reaper, netns_fd):
          * bytes, b"" for none; view: ((kind, path, data), ...).  The
          * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
@@ -471,14 +472,16 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         const char *reaper;
 
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiKOppiy;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOppiyi;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
-                              "tmpfs_landlock, view, view_ro_root, view_dev, status_fd, reaper)",
+                              "tmpfs_landlock, view, view_ro_root, view_dev, status_fd, reaper, "
+                              "netns_fd)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
                               &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root,
-                              &spec.view_dev, &spec.ns_status_fd, &reaper))
+                              &spec.view_dev, &spec.ns_status_fd, &reaper, &spec.ns_netns_fd))
             goto done;
         spec.ns_reaper = *reaper ? reaper : NULL;
+        spec.ns_join_net = spec.ns_netns_fd >= 0;
         if (to_view(view, &st, &spec.n_view) < 0)
             goto done;
         spec.view = st.view;
@@ -668,6 +671,25 @@ fail:
     Py_DECREF(seq);
     Py_DECREF(out);
     return NULL;
+}
+
+PyDoc_STRVAR(netns_make_doc, "netns_make() -> int\n"
+                             "--\n\n"
+                             "A new network namespace with lo up, as an fd (close-on-exec) for a\n"
+                             "child to join; made by a short-lived thread of its own.");
+
+static PyObject *core_netns_make(PyObject *self, PyObject *unused)
+{
+    int fd;
+
+    (void)self;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+        fd = sbx_netns_make();
+    Py_END_ALLOW_THREADS
+    if (fd < 0)
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_netns_make");
+    return PyLong_FromLong(fd);
 }
 
 PyDoc_STRVAR(tree_signal_doc, "tree_signal(pid, sig, pgid) -> int\n"
@@ -1082,6 +1104,7 @@ static PyMethodDef core_methods[] = {
     {"spawn", core_spawn, METH_VARARGS, spawn_doc},
     {"tree_sample", core_tree_sample, METH_VARARGS, tree_sample_doc},
     {"tree_sample_many", core_tree_sample_many, METH_O, tree_sample_many_doc},
+    {"netns_make", core_netns_make, METH_NOARGS, netns_make_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
 #ifdef __APPLE__
     {"seatbelt_apply", core_seatbelt_apply, METH_O, seatbelt_apply_doc},

@@ -51,6 +51,7 @@ static const char *const step_names[SBX_STEP__COUNT] = {
     [SBX_STEP_CLOSE_FDS] = "close_fds",
     [SBX_STEP_SIGMASK] = "signals:mask",
     [SBX_STEP_EXEC] = "exec",
+    [SBX_STEP_NS_SETNS] = "ns:setns",
 };
 
 const char *sbx_step_name(int step)

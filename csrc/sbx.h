@@ -54,6 +54,7 @@ enum sbx_step {
     SBX_STEP_CLOSE_FDS,    /* "close_fds" */
     SBX_STEP_SIGMASK,      /* "signals:mask" */
     SBX_STEP_EXEC,         /* "exec" */
+    SBX_STEP_NS_SETNS,     /* "ns:setns" (a network namespace made ahead) */
     SBX_STEP__COUNT
 };
 
@@ -178,6 +179,11 @@ struct sbx_spec {
     const char *tmpfs_path, *tmpfs_opts, *tmpfs_mkdir;
     int tmpfs_sock;
     int ns_status_fd; /* write end, close-on-exec; -1: none */
+    /* ns_join_net: join the network namespace ns_netns_fd (made ahead by
+     * sbx_netns_make, lo up, close-on-exec) first, instead of unsharing
+     * one: ns_flags then lacks CLONE_NEWNET.  A flag of its own, so that
+     * a zeroed spec joins nothing. */
+    int ns_join_net, ns_netns_fd;
     /* The reaper program (csrc/linux/pid1.c): PID 1 is then a vfork-style
      * child that execs it once the target runs; NULL: PID 1 is fork()ed
      * and reaps in place. */
@@ -234,6 +240,14 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child);
  * the child reaped and its wait status in *status), -1 with errno on a
  * parent-side failure.  Closes the error pipe in every case. */
 int sbx_spawn_finish(struct sbx_child *child, struct sbx_child_error *err, int *status);
+
+/* ---- network namespaces made ahead (linux/namespaces.c) ------------- */
+
+/* A new network namespace with lo up, as an fd (close-on-exec) for a
+ * child to join (ns_netns_fd).  Made by a short-lived thread of its own,
+ * so that no thread of the caller is ever left inside it.  Returns the fd,
+ * or -1 with errno (ENOSYS where there are no namespaces). */
+int sbx_netns_make(void);
 
 /* ---- process trees (platform code: linux/proctree.c) ------------------ */
 

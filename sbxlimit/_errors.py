@@ -84,6 +84,8 @@ _STEP_HINTS = {
     "ns:idmap": "an unprivileged user namespace may map only your own uid and gid; "
     "AppArmor (Ubuntu 24.04) may allow the namespace but refuse the map.",
     "ns:loopback": "bringing lo up needs CAP_NET_ADMIN in the new network namespace.",
+    "ns:setns": "the child could not join the network namespace made for it ahead of time; "
+    "a seccomp profile may forbid setns.",
     "ns:mount": "the workspace's tmpfs needs a mount namespace of the sandbox's own; pass "
     "workdir= to hold disk with the watchdog instead.",
     "ns:pid": "the PID namespace's reaper or the program could not be forked (pids limit?).",

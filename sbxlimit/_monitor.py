@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core, _workspace, audit
 from ._cgpool import Pool
 from ._evidence import KillRecord, Samples
+from ._netpool import NetPool
 from ._pump import Pump, fd_ident
 
 if TYPE_CHECKING:
@@ -370,6 +371,7 @@ class Monitor:
         self._sweeps: dict[float, tuple[dict[Watch, None], list[float]]] = {}
         self._retiring: dict[Cgroup, float] = {}  # cgroup → give up after
         self._pool = Pool()
+        self._netpool = NetPool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
         self._sleep_until = math.inf
         self.wakeups = 0  # loop iterations, for tests and benchmarks
@@ -713,6 +715,13 @@ class Monitor:
             self._wake()
         return cg
 
+    def take_netns(self) -> int:
+        """A network namespace made ahead of need (see _netpool), or -1."""
+        fd = self._netpool.take()
+        if self._netpool.wanted() and (not self._netpool.has_ready() or self._sleeps_long()):
+            self._wake()
+        return fd
+
     def _sleeps_long(self) -> bool:
         return self._sleep_until > time.monotonic() + _SOON
 
@@ -742,6 +751,7 @@ class Monitor:
         """Remove the cgroups made ahead of need (`close`: make no more), and
         wait until every retired cgroup is removed; True if none is left."""
         self._pool.drain(close=close)
+        self._netpool.drain(close=close)
         end = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -867,8 +877,11 @@ class Monitor:
             if self._retiring:
                 due = min(due, now + _RETIRE_TICK)
             pool_due = now if self._pool.wanted() else self._pool.next_expiry()
+            net_due = now if self._netpool.wanted() else self._netpool.next_expiry()
             if pool_due is not None:
                 due = min(due, pool_due)
+            if net_due is not None:
+                due = min(due, net_due)
             if self._watches or self._by_pidfd or self._retiring:
                 self._last_busy = now
             elif now - self._last_busy < _LINGER:
@@ -911,6 +924,8 @@ class Monitor:
         self._flush_warnings()
         if pool_due is not None and pool_due <= now:
             self._pool.work(now)  # unlocked: mkdirs and writes take a while
+        if net_due is not None and net_due <= now:
+            self._netpool.work(now)
 
     def close_in_child(self) -> None:
         """After os.fork() (or a preexec_fn fork): the thread is gone;
@@ -923,12 +938,16 @@ class Monitor:
             owned.update(p.idents)
         for fd in list(self._by_pidfd):
             owned[fd] = "pidfd"
+        for fd in self._netpool.owned():
+            owned[fd] = "net"
         for fd, (_w, field) in list(self._by_event.items()):
             owned[fd] = "eventfd" if field == "eventfd" else self._event_idents.get(fd)
         for fd, ident in owned.items():
             try:
                 if ident in ("pidfd", "eventfd"):
                     same = os.readlink(f"/proc/self/fd/{fd}") == f"anon_inode:[{ident}]"
+                elif ident == "net":  # a namespace made ahead: "net:[inode]"
+                    same = os.readlink(f"/proc/self/fd/{fd}").startswith("net:[")
                 elif ident is None:
                     same = False
                 else:

@@ -473,8 +473,11 @@ class Spawn:
         gid: int | None,
         shm_size: int | None = None,
         protected: Iterable[str] = (),
+        netns: int = -1,
     ) -> None:
         flags = plan.ns_flags | (CLONE_NEWUSER if plan.user_ns else 0)
+        if netns >= 0:  # made ahead (_netpool): the child joins it instead
+            flags &= ~CLONE_NEWNET
         uid_map = gid_map = b""
         if plan.user_ns:
             # An unprivileged user namespace may map only our own ids: the
@@ -521,6 +524,7 @@ class Spawn:
             own_dev,
             self.status_w,
             REAPER if flags & CLONE_NEWPID else b"",
+            netns,
         )
 
     def take_child_end(self) -> int:

@@ -44,7 +44,7 @@ from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
 from ._monitor import Watch, drain_before_exit, get_monitor, signal_tree
 from ._plan import Held, Plan, plan, warn_downgrades
-from ._platform import CLONE_NEWPID
+from ._platform import CLONE_NEWNET, CLONE_NEWPID
 from ._policy import Policy
 from ._pump import Pump
 from ._seatbelt import Belt, proxy_env, terminal_devices
@@ -349,8 +349,13 @@ class Sandbox:
 
             if p.ns_flags:
                 memory = self.limits.memory if self.limits is not None else None
+                netns = -1
+                if p.ns_flags & CLONE_NEWNET and not p.user_ns:
+                    netns = get_monitor().take_netns()
+                    if netns >= 0:
+                        close_after.append(netns)  # the child joined it: ours to close
                 ns = _namespaces.Spawn(
-                    p, self.policy, self.workspace, uid, gid, memory, self.protected
+                    p, self.policy, self.workspace, uid, gid, memory, self.protected, netns
                 )
 
             pgid = process_group

@@ -19,7 +19,7 @@ from sbxlimit._cgroup import discover
 from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._testing import fail_child_at
 
-from .conftest import holds, why_not
+from .conftest import holds, own_fds, why_not
 
 PY = sys.executable
 ROOT = os.geteuid() == 0
@@ -62,10 +62,31 @@ def _kwargs(step: str, tmp_path) -> dict:
         "close_fds": {},
         "signals:mask": {},
         "exec": {},
+        "ns:setns": {"policy": sbxlimit.Policy(network="deny", workdir="/")},
     }[step]
 
 
 STEPS = [s for s in sbxlimit.STEPS if s != "none"]
+
+
+def _netns_pool_for(step: str) -> None:
+    """ns:setns runs only with a network namespace made ahead (root), and
+    ns:loopback only without one."""
+    import time
+
+    from sbxlimit._monitor import get_monitor
+
+    pool = get_monitor()._netpool
+    if step == "ns:loopback":
+        pool.drain()  # the next spawn makes its own
+        return
+    if namespaces(CLONE_NEWNET).user or not namespaces(CLONE_NEWNET).ok:
+        pytest.skip("network namespaces are made ahead only without a user namespace (root)")
+    sbxlimit.run(["true"], policy=sbxlimit.Policy(network="deny", workdir="/"))
+    deadline = time.monotonic() + 10
+    while not pool.has_ready():
+        assert time.monotonic() < deadline, "no network namespace was made ahead"
+        time.sleep(0.01)
 
 
 def test_every_step_is_covered():
@@ -96,6 +117,8 @@ def test_step_failure_reaches_python(step, tmp_path):
         pytest.skip("handlers are reset only in a CLONE_VM child; this build forks")
     if step == "signals:mask" and not sbxlimit._core.HAS_VFORK:
         pytest.skip("the mask is restored only in a CLONE_VM child; this build forks")
+    if step in ("ns:setns", "ns:loopback"):
+        _netns_pool_for(step)
     kw = _kwargs(step, tmp_path)
     err = errno.EPERM if step != "exec" else errno.EACCES
     with warnings.catch_warnings():
@@ -121,7 +144,7 @@ def test_step_failure_reaches_python(step, tmp_path):
 
 
 def test_failure_leaves_no_child_and_closes_pipes():
-    before = set(os.listdir("/proc/self/fd"))
+    before = own_fds()
     with fail_child_at("close_fds", errno.EMFILE), pytest.raises(OSError):
         sbxlimit.Popen(
             [PY, "-c", "pass"],
@@ -130,7 +153,7 @@ def test_failure_leaves_no_child_and_closes_pipes():
             stderr=subprocess.PIPE,
             limits=sbxlimit.Limits(output="1Ki"),
         )
-    assert set(os.listdir("/proc/self/fd")) == before
+    assert own_fds() == before
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
 

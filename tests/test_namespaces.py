@@ -23,7 +23,7 @@ from sbxlimit import Limits, Policy, _namespaces
 from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._seccomp import seccomp_works
 
-from .conftest import settled_fds, tagged_sleep, wait_no_sleepers
+from .conftest import own_fds, settled_fds, tagged_sleep, wait_no_sleepers
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="namespaces, Landlock and seccomp are Linux's"
@@ -134,6 +134,100 @@ def test_deny_is_a_network_namespace_of_its_own(listeners):
     assert r.returncode == 0, r.stderr
     ifaces = [line.split(":")[0].strip() for line in r.stdout.splitlines() if ":" in line]
     assert ifaces == ["lo"]
+
+
+def _pooled_netns() -> pytest.MarkDecorator:
+    ok = NET is not None and NET.ok and not NET.user
+    return pytest.mark.skipif(
+        not ok, reason="network namespaces are made ahead only where no user namespace is needed"
+    )
+
+
+def _warm_netns_pool() -> None:
+    """Ask for a network namespace once, then wait until one is ready."""
+    import time
+
+    from sbxlimit._monitor import get_monitor
+
+    sbxlimit.run(["true"], policy=Policy(network="deny", workdir="/"))
+    pool = get_monitor()._netpool
+    deadline = time.monotonic() + 10
+    while not pool.has_ready():
+        assert time.monotonic() < deadline, "no network namespace was made ahead"
+        time.sleep(0.01)
+
+
+LISTEN_THEN_WAIT = (
+    "import os, socket, sys, time\n"
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+    "print(os.readlink('/proc/self/ns/net'), s.getsockname()[1], flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+@_pooled_netns()
+def test_network_namespaces_made_ahead_are_never_shared():
+    # Four live sandboxes from the pool: four namespaces, none the host's,
+    # and one's loopback listener is not on another's loopback.
+    _warm_netns_pool()
+    policy = Policy(network="deny", workdir="/")
+    procs = [
+        sbxlimit.Popen([PY, "-c", LISTEN_THEN_WAIT], policy=policy, stdout=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    try:
+        seen = [p.stdout.readline().decode().split() for p in procs]
+        inodes = {ns for ns, _port in seen}
+        assert len(inodes) == 4 and os.readlink("/proc/self/ns/net") not in inodes
+        out, _enforced = connect([int(seen[0][1])], policy)
+        assert out[0] == "ConnectionRefusedError 111"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+
+
+@_pooled_netns()
+def test_a_pooled_network_namespace_has_lo_up_and_nothing_else():
+    _warm_netns_pool()
+    from sbxlimit._monitor import get_monitor
+
+    taken = get_monitor()._netpool.taken
+    code = "print(open('/proc/net/dev').read())"
+    r = sbxlimit.run(
+        [PY, "-c", code], policy=Policy(network="deny"), capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert get_monitor()._netpool.taken == taken + 1  # it joined one made ahead
+    rows = {line.split(":")[0].strip(): line for line in r.stdout.splitlines() if ":" in line}
+    assert list(rows) == ["lo"]
+
+
+@_pooled_netns()
+def test_a_forked_child_does_not_keep_the_ready_namespaces():
+    _warm_netns_pool()
+    from sbxlimit._monitor import get_monitor
+
+    theirs = get_monitor()._netpool.owned()
+    assert theirs
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        kept = []
+        for fd in theirs:
+            try:
+                kept.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        os.write(w, repr(kept).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        kept = f.read()
+    os.waitpid(pid, 0)
+    assert "net:[" not in kept, kept
 
 
 @needs_tcp_rules
@@ -460,7 +554,7 @@ def _mounted(path: str) -> bool:
 def test_disk_tmpfs_enospc_and_outputs_readable_until_close():
     # The supervisor's own fds (epoll, wake-up pipe) are made once, at first use.
     sbxlimit.run(["true"], limits=Limits(disk="1Mi"), capture_output=True)
-    fds = set(os.listdir("/proc/self/fd"))
+    fds = own_fds()
     with sbxlimit.Popen(
         [PY, "-c", WRITE],
         limits=Limits(disk="1Mi", tolerate="disk"),  # ENOSPC exactly at the limit
@@ -482,9 +576,9 @@ def test_disk_tmpfs_enospc_and_outputs_readable_until_close():
     assert p.workspace is None and not os.path.exists(host_dir)
     p.stdout.close()
     deadline = time.monotonic() + 5  # the supervisor drops its pidfd on its next turn
-    while set(os.listdir("/proc/self/fd")) != fds and time.monotonic() < deadline:
+    while own_fds() != fds and time.monotonic() < deadline:
         time.sleep(0.02)
-    left = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in set(os.listdir("/proc/self/fd")) - fds}
+    left = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in own_fds() - fds}
     assert not left  # the tmpfs's fd too
 
 

@@ -40,6 +40,7 @@
 #include <fcntl.h>
 #include <net/if.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -584,6 +585,8 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
     int flags =
         (ctx->how & SBX_HOW_PID1) ? s->ns_flags & ~(CLONE_NEWPID | CLONE_NEWUSER) : s->ns_flags;
 
+    if (s->ns_join_net)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_SETNS, 0, setns(s->ns_netns_fd, CLONE_NEWNET));
     if (flags)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_UNSHARE, flags, unshare(flags));
     if ((s->ns_flags & CLONE_NEWUSER) && s->uid_map)
@@ -631,6 +634,43 @@ static void self_map(char *buf, unsigned id)
     *p++ = ' ';
     p = put_uint(p, id);
     memcpy(p, " 1\n", 4);
+}
+
+/* ---- network namespaces made ahead (parent side) ------------------------ */
+
+struct netns_job {
+    int fd, err;
+};
+
+static void *netns_thread(void *arg)
+{
+    struct netns_job *job = arg;
+
+    /* This thread alone enters the namespace, and ends there. */
+    if (unshare(CLONE_NEWNET) < 0 || loopback_up() < 0) {
+        job->err = errno;
+        return NULL;
+    }
+    job->fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (job->fd < 0)
+        job->err = errno;
+    return NULL;
+}
+
+int sbx_netns_make(void)
+{
+    struct netns_job job = {-1, 0};
+    pthread_t t;
+    int rc = pthread_create(&t, NULL, netns_thread, &job);
+
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    pthread_join(t, NULL);
+    if (job.fd < 0)
+        errno = job.err;
+    return job.fd;
 }
 
 int sbx_ns_probe_child(long flags)

@@ -7,7 +7,14 @@
 
 void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
 {
-    sbx_child_fail(ctx, SBX_STEP_NS_UNSHARE, ENOSYS, ctx->spec->ns_flags);
+    sbx_child_fail(ctx, ctx->spec->ns_join_net ? SBX_STEP_NS_SETNS : SBX_STEP_NS_UNSHARE, ENOSYS,
+                   ctx->spec->ns_flags);
+}
+
+int sbx_netns_make(void)
+{
+    errno = ENOSYS;
+    return -1;
 }
 
 int sbx_ns_probe_child(long flags)
