@@ -87,6 +87,27 @@ _ENV_NAME = re.compile(r"^[^=\0]+$")
 # drop_secrets: names that usually hold credentials (AWS_SECRET_ACCESS_KEY,
 # GITHUB_TOKEN, OPENAI_API_KEY, PGPASSWORD ...), in any case.
 _SECRET = re.compile(r"KEY|SECRET|TOKEN|PASSWORD", re.IGNORECASE)
+_SECRET_BYTES = re.compile(_SECRET.pattern.encode(), re.IGNORECASE)
+
+
+def environ_bytes() -> dict[bytes, bytes]:
+    """A copy of this process's environment with bytes keys and values, as
+    os.environ holds it (iterating os.environ decodes every entry)."""
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict) and all(type(k) is bytes for k in data):
+        return dict(data)
+    return dict(os.environb)
+
+
+def put_env(env: dict[Any, Any], name: str, value: str) -> None:
+    """env[name] = value in env's own key type, replacing either form."""
+    raw = os.fsencode(name)
+    if any(type(k) is bytes for k in env):
+        env.pop(name, None)
+        env[raw] = os.fsencode(value)
+    else:
+        env.pop(raw, None)
+        env[name] = value
 
 
 def _path(field: str, value: object) -> str:
@@ -362,6 +383,8 @@ class Policy:
 
     def filter_env(self, env: Mapping[Any, Any]) -> dict[Any, Any]:
         """The environment the child gets under this policy (str or bytes keys)."""
+        if isinstance(env, dict) and env and all(type(k) is bytes for k in env):
+            return self._filter_env_bytes(env)
 
         def name(k: Any) -> str:
             return os.fsdecode(k) if isinstance(k, bytes) else str(k)
@@ -377,6 +400,18 @@ class Policy:
             out = {k: v for k, v in env.items() if name(k) in keep}
         if self.drop_secrets:
             out = {k: v for k, v in out.items() if not _SECRET.search(name(k))}
+        return out
+
+    def _filter_env_bytes(self, env: dict[bytes, bytes]) -> dict[bytes, bytes]:
+        # The caller's own environment as the OS gave it (environ_bytes):
+        # no key or value decoded.
+        if self.env == "sanitize":
+            out = {k: v for k, v in env.items() if not k.startswith((b"LD_", b"DYLD_"))}
+        else:
+            keep = {os.fsencode(n) for n in self.env}
+            out = {k: v for k, v in env.items() if k in keep}
+        if self.drop_secrets:
+            out = {k: v for k, v in out.items() if not _SECRET_BYTES.search(k)}
         return out
 
 

@@ -45,7 +45,7 @@ from ._limits import Limits
 from ._monitor import Watch, drain_before_exit, get_monitor, signal_tree
 from ._plan import Held, Plan, plan, warn_downgrades
 from ._platform import CLONE_NEWNET, CLONE_NEWPID
-from ._policy import Policy
+from ._policy import Policy, environ_bytes, put_env
 from ._pump import Pump
 from ._seatbelt import Belt, proxy_env, terminal_devices
 from ._spawn import child_error, resolve_executable
@@ -280,8 +280,9 @@ class Sandbox:
         p = self.plan
         implicit_cwd = cwd is None  # a cwd sbxlimit picks must not move "./prog"
         if p.active and self.policy is not None:
-            env = self.policy.filter_env(os.environ if env is None else env)
-            env.update(proxy_env(self.policy))
+            env = self.policy.filter_env(environ_bytes() if env is None else env)
+            for name, value in proxy_env(self.policy).items():
+                put_env(env, name, value)
             if cwd is None and self.policy.workdir is not None:
                 cwd = self.policy.workdir
         pumps: list[Pump] = []
@@ -312,8 +313,8 @@ class Sandbox:
                 ws = self.workspace = _workspace.create(self.id)
                 if cwd is None:
                     cwd = ws
-                env = dict(os.environ if env is None else env)
-                env["TMPDIR"] = os.path.join(ws, "tmp")
+                env = environ_bytes() if env is None else dict(env)
+                put_env(env, "TMPDIR", os.path.join(ws, "tmp"))
             env_list = None
             if env is not None:
                 env_list = []

@@ -497,6 +497,25 @@ def test_ptrace_of_a_sibling_sandbox_is_refused():
         sibling.kill_tree(grace=0)
 
 
+def test_the_sandbox_sets_tmpdir_and_proxies_once_over_the_callers(monkeypatch):
+    # The caller's environment is filtered as bytes; what the sandbox sets
+    # replaces the caller's value, never sits beside it.
+    import warnings
+
+    monkeypatch.setenv("TMPDIR", "/elsewhere")
+    monkeypatch.setenv("HTTP_PROXY", "http://caller:1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # proxy without Landlock TCP rules
+        r = sbxlimit.run(
+            ["env"], policy=Policy(network="proxy", proxy_ports=[3128]), capture_output=True
+        )
+    lines = r.stdout.splitlines()
+    tmp = [line for line in lines if line.startswith(b"TMPDIR=")]
+    proxy = [line for line in lines if line.startswith(b"HTTP_PROXY=")]
+    assert len(tmp) == 1 and tmp[0] != b"TMPDIR=/elsewhere", lines
+    assert proxy == [b"HTTP_PROXY=http://127.0.0.1:3128"], lines
+
+
 def test_ld_variables_never_reach_the_child(monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "/nonexistent/evil.so")
     monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")
