@@ -8,6 +8,7 @@
  * library on top of subprocess.run could cost for that mechanism.
  *
  * Linux only; run as root (cgroup v1 directories, namespaces, Landlock).
+ *     floor ROUNDS REAPER   (REAPER: sbxlimit's _pid1 program)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -33,26 +34,39 @@
 enum {
     PLAIN,
     RLIMITS,
-    CG_JOIN,    /* join ready-made v1 cgroups (a pool) */
-    CG_MAKE,    /* mkdir, limit, join, rmdir a v1 cgroup per spawn */
-    LANDLOCK,   /* a read-only ruleset for / and a seccomp filter */
-    MOUNTNS,    /* a private mount namespace with a tmpfs workspace */
-    NETNS,      /* a network namespace */
-    NETNS_JOIN, /* join a network namespace made before the timing starts */
-    PIDNS,      /* a PID namespace: the program is its PID 1 */
-    TYPICAL,    /* rlimits + cgroup join + mount ns + net ns + Landlock */
+    CG_JOIN,      /* join ready-made v1 cgroups (a pool) */
+    CG_MAKE,      /* mkdir, limit, join, rmdir a v1 cgroup per spawn */
+    LANDLOCK,     /* a read-only ruleset for / and a seccomp filter */
+    MOUNTNS,      /* a private mount namespace with a tmpfs workspace */
+    NETNS,        /* a network namespace */
+    NETNS_JOIN,   /* join a network namespace made before the timing starts */
+    PIDNS,        /* a PID namespace: the program is its PID 1 */
+    PIDNS_REAPER, /* sbxlimit's way: PID 1 (with /proc) vforks the program, execs a reaper */
+    TYPICAL,      /* rlimits + cgroup join + mount ns + net ns + Landlock */
     NVARIANTS
 };
 
 static const char *const names[NVARIANTS] = {
-    "plain",         "rlimits", "cgroup-join", "cgroup-make", "landlock+seccomp",
-    "mountns+tmpfs", "netns",   "netns-join",  "pidns",       "typical",
+    [PLAIN] = "plain",
+    [RLIMITS] = "rlimits",
+    [CG_JOIN] = "cgroup-join",
+    [CG_MAKE] = "cgroup-make",
+    [LANDLOCK] = "landlock+seccomp",
+    [MOUNTNS] = "mountns+tmpfs",
+    [NETNS] = "netns",
+    [NETNS_JOIN] = "netns-join",
+    [PIDNS] = "pidns",
+    [PIDNS_REAPER] = "pidns+reaper",
+    [TYPICAL] = "typical",
 };
 
 static const char *const hierarchies[] = {"memory", "pids", "cpuacct", "freezer"};
 #define NH (sizeof hierarchies / sizeof hierarchies[0])
 
 static int procs_fd[NH];
+static const char *reaper_path;
+static int status_pipe[2] = {-1, -1};
+static char target_stack[1 << 15] __attribute__((aligned(16)));
 static int netns_fd = -1;
 static int ruleset_fd = -1;
 static struct sock_fprog filter;
@@ -131,6 +145,41 @@ static void mountns(void)
         _exit(123);
 }
 
+static sigset_t saved_mask;
+
+static int target(void *arg)
+{
+    (void)arg;
+    sigprocmask(SIG_SETMASK, &saved_mask, NULL);
+    execve(argv_true[0], argv_true, envp);
+    _exit(127);
+}
+
+/* PID 1 as sbxlimit's core makes it: /proc of its own, the program started
+ * with a vfork-style clone, then the static reaper exec'd in its place. */
+static void pid1(void)
+{
+    char tbuf[16], fbuf[16];
+    char *argv[] = {"sbxlimit-pid1", tbuf, fbuf, NULL};
+    sigset_t all;
+    pid_t t;
+
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+        _exit(126);
+    /* Blocked from here into the reaper: its sigwaitinfo sees the SIGCHLD. */
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &saved_mask);
+    t = clone(target, target_stack + sizeof target_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, NULL);
+    if (t < 0)
+        _exit(126);
+    snprintf(tbuf, sizeof tbuf, "%d", (int)t);
+    snprintf(fbuf, sizeof fbuf, "%d", status_pipe[1]);
+    fcntl(status_pipe[1], F_SETFD, 0);
+    execve(reaper_path, argv, envp);
+    _exit(126);
+}
+
 static int child(void *arg)
 {
     int v = (int)(intptr_t)arg;
@@ -152,6 +201,9 @@ static int child(void *arg)
     case NETNS:
         if (unshare(CLONE_NEWNET) < 0)
             _exit(124);
+        break;
+    case PIDNS_REAPER:
+        pid1();
         break;
     case NETNS_JOIN:
         if (setns(netns_fd, CLONE_NEWNET) < 0)
@@ -249,12 +301,29 @@ static int64_t spawn_once(int v, char *stack_top, int *counter)
         if (open_procs(paths) < 0)
             return -1;
     }
+    if (v == PIDNS_REAPER) {
+        flags |= CLONE_NEWPID | CLONE_NEWNS;
+        if (pipe2(status_pipe, O_CLOEXEC) < 0)
+            return -1;
+    }
     if (v == PIDNS)
         flags |= CLONE_NEWPID;
     pid = clone(child, stack_top, flags, (void *)(intptr_t)v);
     if (pid < 0)
         return -1;
-    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (v == PIDNS_REAPER) {
+        int sts = -1;
+
+        /* The program's status, as the core reads it at reap. */
+        close(status_pipe[1]);
+        if (waitpid(pid, &status, 0) < 0 || read(status_pipe[0], &sts, sizeof sts) != sizeof sts)
+            sts = -1;
+        close(status_pipe[0]);
+        status = sts;
+    } else if (waitpid(pid, &status, 0) < 0) {
+        status = -1;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "floor: %s: child status %#x\n", names[v], status);
         return -1;
     }
@@ -281,7 +350,8 @@ int main(int argc, char **argv)
     char *stack = malloc(1 << 16);
     int order[NVARIANTS];
 
-    if (!stack || rounds <= 0)
+    reaper_path = argc > 2 ? argv[2] : NULL;
+    if (!stack || rounds <= 0 || !reaper_path)
         return 2;
     ruleset_fd = make_ruleset();
     if (ruleset_fd < 0) {
