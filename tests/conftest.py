@@ -144,6 +144,42 @@ def settled_fds(timeout: float = 3.0) -> set[str]:
     return own_fds()
 
 
+def kept_in_a_fork(fds) -> dict[int, str]:
+    """Which of `fds` a child made by os.fork() still has open, and what
+    they are there (the at-fork handlers ran in it)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            kept = {}
+            for fd in fds:
+                try:
+                    kept[fd] = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    pass
+            os.write(w, repr(kept).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    import ast
+
+    return ast.literal_eval(text)
+
+
+@pytest.fixture
+def events():
+    """The audit events emitted while a test runs."""
+    from sbxlimit import audit
+
+    got: list[audit.Event] = []
+    unsubscribe = audit.subscribe(got.append)
+    yield got
+    unsubscribe()
+
+
 def own_fds() -> set[str]:
     """Open fds, but for the network namespaces the supervisor keeps ready
     (_netpool): it makes and closes those on its own thread at any time.

@@ -21,14 +21,6 @@ PY = sys.executable
 SECRET = "s3cr3t-t0ken-do-not-leak"
 
 
-@pytest.fixture
-def events():
-    got: list[audit.Event] = []
-    unsubscribe = audit.subscribe(got.append)
-    yield got
-    unsubscribe()
-
-
 def names(events) -> set[str]:
     return {e.name for e in events}
 

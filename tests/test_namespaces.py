@@ -23,7 +23,7 @@ from sbxlimit import Limits, Policy, _namespaces
 from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._seccomp import seccomp_works
 
-from .conftest import own_fds, settled_fds, tagged_sleep, wait_no_sleepers
+from .conftest import kept_in_a_fork, own_fds, settled_fds, tagged_sleep, wait_no_sleepers
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="namespaces, Landlock and seccomp are Linux's"
@@ -211,23 +211,8 @@ def test_a_forked_child_does_not_keep_the_ready_namespaces():
 
     theirs = get_monitor()._netpool.owned()
     assert theirs
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        kept = []
-        for fd in theirs:
-            try:
-                kept.append(os.readlink(f"/proc/self/fd/{fd}"))
-            except OSError:
-                pass
-        os.write(w, repr(kept).encode())
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        kept = f.read()
-    os.waitpid(pid, 0)
-    assert "net:[" not in kept, kept
+    kept = kept_in_a_fork(theirs)
+    assert not any(t.startswith("net:[") for t in kept.values()), kept
 
 
 @needs_tcp_rules

@@ -8,7 +8,6 @@ kills and refused forks; the supervisor's wake-ups are counted, never timed.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -17,9 +16,10 @@ import time
 import pytest
 
 import sbxlimit
-from sbxlimit import audit
 from sbxlimit._cgroup import discover
 from sbxlimit._monitor import get_monitor
+
+from .conftest import kept_in_a_fork
 
 SITE = discover()
 
@@ -32,12 +32,16 @@ def _needs(*controllers: str) -> None:
             pytest.skip(f"the {c} controller is not delegated here")
 
 
-@pytest.fixture
-def events():
-    got: list[audit.Event] = []
-    unsubscribe = audit.subscribe(got.append)
-    yield got
-    unsubscribe()
+def _wakeups_in_a_second(procs: list[sbxlimit.Popen]) -> int:
+    """The supervisor's loop iterations in one second, counted (not timed)
+    once the first wake-ups (ready cgroups, first samples) are past."""
+    mon = get_monitor()
+    time.sleep(0.5)
+    before = mon.wakeups
+    time.sleep(1.0)
+    woke = mon.wakeups - before
+    assert all(p.poll() is None for p in procs)
+    return woke
 
 
 def _kill_all(procs: list[sbxlimit.Popen]) -> None:
@@ -104,12 +108,7 @@ def test_idle_sandboxes_do_not_wake_the_supervisor():
         fields["pids"] = 16
     procs = [sbxlimit.Popen(["sleep", "120"], limits=fields) for _ in range(20)]
     try:
-        mon = get_monitor()
-        time.sleep(0.5)  # the ready cgroups are made, the first wake-ups pass
-        before = mon.wakeups
-        time.sleep(1.0)
-        woke = mon.wakeups - before
-        assert all(p.poll() is None for p in procs)
+        woke = _wakeups_in_a_second(procs)
         # Sampling every 0.1 s would wake it ten times or more.
         assert woke <= 3, f"{woke} wake-ups in a second with 20 idle sandboxes"
     finally:
@@ -180,18 +179,8 @@ def test_a_forked_child_does_not_keep_the_event_fds():
     try:
         theirs = {fd for fd, _f in (p._sbx.watch.cgroup.events if p._sbx.watch else [])}
         assert theirs, "no event fd: nothing to check"
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            kept = [fd for fd in theirs if os.path.exists(f"/proc/self/fd/{fd}")]
-            os.write(w, repr(kept).encode())
-            os._exit(0)
-        os.close(w)
-        with os.fdopen(r) as f:
-            kept = f.read()
-        os.waitpid(pid, 0)
-        assert kept == "[]", kept
+        kept = kept_in_a_fork(theirs)
+        assert not kept, kept
     finally:
         p.kill()
         p.wait()
@@ -239,12 +228,7 @@ def test_many_trees_are_sampled_in_one_sweep():
         for _ in range(20)
     ]
     try:
-        mon = get_monitor()
-        time.sleep(0.5)
-        before = mon.wakeups
-        time.sleep(1.0)
-        woke = mon.wakeups - before
-        assert all(p.poll() is None for p in procs)
+        woke = _wakeups_in_a_second(procs)
         # 5 sweeps a second; each tree on its own would be 100 wake-ups.
         assert woke <= 8, f"{woke} wake-ups in a second for 20 trees sampled every 0.2 s"
     finally:
