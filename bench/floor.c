@@ -10,7 +10,9 @@
  * Linux only; run as root (cgroup v1 directories, namespaces, Landlock).
  *     floor ROUNDS REAPER   (REAPER: sbxlimit's _pid1 program)
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/filter.h>
