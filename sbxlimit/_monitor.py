@@ -796,16 +796,21 @@ class Monitor:
                         os.pread(fd, 4096, 0)
                 except OSError:
                     pass
-                cg = w.cgroup
-                if w.done or cg is None:
-                    continue
-                if field == "eventfd":
-                    self._on_memory_event(w, cg, _RECHECKS)
-                else:
-                    self._sample_cgroup(w, cg, tuple(e for e in w.cg_ends if e[0] == field))
-                if w in self._watches:
-                    self._schedule(w)
+                self._counter_moved(w, "memory" if field == "eventfd" else field)
         self._flush_warnings()
+
+    def _counter_moved(self, w: Watch, field: str) -> None:
+        """The kernel said (an event, or a changed file in the batch read)
+        that `field`'s counter may have moved: judge it now."""
+        cg = w.cgroup
+        if w.done or cg is None:
+            return
+        if field == "memory":
+            self._on_memory_event(w, cg, _RECHECKS)
+        else:
+            self._sample_cgroup(w, cg, tuple(e for e in w.cg_ends if e[0] == field))
+        if w in self._watches:
+            self._schedule(w)
 
     def _on_memory_event(self, w: Watch, cg: Cgroup, tries: int) -> None:
         # v1's eventfd: an OOM (signalled before the kill is counted) or the
@@ -833,15 +838,7 @@ class Monitor:
                     changed.append((group, path, w, data, field))
         for group, path, w, data, field in changed:
             group[path] = (w, data, field)
-            cg = w.cgroup
-            if w.done or cg is None:
-                continue
-            if field == "memory":
-                self._on_memory_event(w, cg, _RECHECKS)
-            else:
-                self._sample_cgroup(w, cg, tuple(e for e in w.cg_ends if e[0] == field))
-            if w in self._watches:
-                self._schedule(w)
+            self._counter_moved(w, field)
         if self._read_gate:
             self._read_at = next_sample(now, self._read_every)
         else:
