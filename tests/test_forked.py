@@ -124,5 +124,10 @@ def test_sandboxes_a_body_starts_leave_no_cgroup_behind():
     p = ForkedSandbox(body, limits={"wall_time": 30}, cgroup_parent="none")
     assert p.wait() == 0
     prefix = f"sbx-{p.pid:x}-"
-    left = [n for _c, d in site.parents for n in os.listdir(d) if n.startswith(prefix)]
+    left = []
+    for _c, d in site.parents:
+        try:
+            left += [n for n in os.listdir(d) if n.startswith(prefix)]
+        except FileNotFoundError:
+            pass  # the grouping cgroup went, empty, with the body's exit
     assert left == []
