@@ -221,6 +221,21 @@ _KNOBS_OWN = ("truncate_output", "tolerate")
 TOLERABLE = ("memory", "pids", "disk")
 
 
+# Below these no program starts (measured: a dynamically linked /bin/true
+# needs about 256 KiB of memory and 4 MiB of address space, Python 8 MiB), so
+# a smaller value is a unit left out ("100" meant 100Mi), not a limit.
+_STARTUP_FLOOR = {"memory": 2**20, "address_space": 4 * 2**20}
+
+
+def _too_small(value: object, floor: int) -> str:
+    hint = ""
+    if isinstance(value, int):
+        hint = "; a size without a unit is bytes"
+    elif isinstance(value, str) and value.strip().isdigit():
+        hint = f"; a size without a unit is bytes: did you mean '{value.strip()}Mi'?"
+    return f"too small for any program to start (at least {floor >> 20} MiB){hint}"
+
+
 # The order in which Limits checks its fields (the first bad one is reported).
 _ORDER = (*_BYTES, *_SECONDS, *_COUNTS, "cpu", "kill_grace", "truncate_output", "tolerate")
 
@@ -232,9 +247,21 @@ def limit_value(name: str, value: object, field: str | None = None) -> Any:
     manifest passes its JSON path)."""
     where = field or f"Limits.{name}"
     if name in _BYTES:
-        return parse_bytes(where, value, allow_zero=name in _BYTES_ZERO_OK)
+        n = parse_bytes(where, value, allow_zero=name in _BYTES_ZERO_OK)
+        if name in _STARTUP_FLOOR and n < _STARTUP_FLOOR[name]:
+            raise ConfigError(where, value, _too_small(value, _STARTUP_FLOOR[name]))
+        return n
     if name in _SECONDS:
         return parse_seconds(where, value)
+    if name == "open_files":
+        n = parse_count(where, value)
+        if n < 4:
+            # With fewer, a dynamically linked program exits 127 before its
+            # first line: the loader cannot open libc.
+            raise ConfigError(
+                where, value, "must be at least 4 (stdin, stdout, stderr and one to load libc)"
+            )
+        return n
     if name in _COUNTS:
         return parse_count(where, value)
     if name == "cpu":

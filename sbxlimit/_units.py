@@ -50,7 +50,9 @@ _MAX_INT = 2**63 - 1
 MAX_SECONDS = min(threading.TIMEOUT_MAX, float(2**62))
 # The most events a rate may allow per period (a float counts them exactly).
 MAX_RATE = 2**53
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([kKMGTPE]i?)?(B)?\s*$")
+# Units in any case ("1gi", "1GB", "1kib"): only a bare lowercase "m" is
+# refused, since Kubernetes reads it as milli.
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?:([kmgtpe])(i)?)?(b)?\s*$", re.I)
 _DURATION_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(us|ms|s|m|h|d)")
 _NUMBER_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*$")
@@ -107,25 +109,41 @@ def parse_bytes(field: str, value: object, *, allow_zero: bool = False) -> int:
     if isinstance(value, str):
         _check_nul(field, value)
         m = _SIZE_RE.match(value)
-        if not m:
+        if not m or (m.group(2) == "m" and not m.group(3) and not m.group(4)):
             hint = ""
-            if re.match(r"^\s*[0-9.]+\s*m\s*$", value):
-                hint = "; 'm' means milli in Kubernetes units, did you mean 'Mi'?"
+            if m:
+                hint = f"; 'm' means milli in Kubernetes units, did you mean '{m.group(1)}Mi'?"
             raise ConfigError(
                 field,
                 value,
                 "not a size; use bytes or a number with Ki, Mi, Gi, Ti (binary) "
                 f"or K, M, G, T (decimal), e.g. '512Mi'{hint}",
             )
-        amount = Decimal(m.group(1)) * _BYTE_UNITS[m.group(2) or ""]
+        unit = (m.group(2) or "").upper() + ("i" if m.group(3) else "")
+        amount = Decimal(m.group(1)) * _BYTE_UNITS[unit]
+        if not unit:
+            _whole_bytes(field, value, amount, m.group(1))
     else:
         amount = _number(field, value, "a size in bytes or a string such as '512Mi'")
+        _whole_bytes(field, value, amount, repr(value))
     if amount < 0:
         raise ConfigError(field, value, "must not be negative")
     result = _ceil(field, value, amount, _MAX_INT)
     if result == 0 and not allow_zero:
         raise ConfigError(field, value, "must be greater than zero")
     return result
+
+
+def _whole_bytes(field: str, value: object, amount: Decimal, number: str) -> None:
+    """A size without a unit is bytes, and a fraction of a byte is a unit
+    left out ("1.5" meant 1.5 Mi or G, not 2 bytes)."""
+    if amount != amount.to_integral_value():
+        raise ConfigError(
+            field,
+            value,
+            f"a size without a unit is bytes, and this is a fraction of one; "
+            f"add the unit you meant, e.g. '{number}Gi' or '{number}Mi'",
+        )
 
 
 def parse_seconds(field: str, value: object, *, allow_zero: bool = False) -> float:

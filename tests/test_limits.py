@@ -91,10 +91,6 @@ def test_parse_bytes_accepts(value, expected):
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ("1.5", 2),
-        (1.5, 2),
-        (0.001, 1),
-        ("0.1", 1),
         ("0.0001Ki", 1),
         ("1.0001K", 1001),
         ("0.3Gi", math.ceil(0.3 * Gi)),
@@ -102,6 +98,59 @@ def test_parse_bytes_accepts(value, expected):
 )
 def test_parse_bytes_rounds_fractions_up(value, expected):
     assert parse_bytes("f", value) == expected
+
+
+@pytest.mark.parametrize("value", ["1.5", 1.5, 0.001, "0.1", " 2.5 B"])
+def test_parse_bytes_refuses_a_fraction_of_a_byte(value):
+    # "1.5" was 2 bytes: a unit left out, not a size anyone means.
+    with pytest.raises(ConfigError, match="unit") as info:
+        parse_bytes("Limits.memory", value)
+    check_config_error(info.value, "Limits.memory", value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1gi", Gi),
+        ("1GI", Gi),
+        ("2mi", 2 * Mi),
+        ("1kib", 1024),
+        ("1KIB", 1024),
+        ("1g", 10**9),
+        ("1gb", 10**9),
+        ("1mb", 10**6),
+        ("1MB", 10**6),
+        ("3kb", 3000),
+    ],
+)
+def test_parse_bytes_units_in_any_case(value, expected):
+    # "1k" was accepted and "1gi" refused: the case of a unit means nothing
+    # but for a bare "m" (Kubernetes' milli).
+    assert parse_bytes("f", value) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("memory", "100"),
+        ("memory", 4096),
+        ("memory", "1000Ki"),
+        ("address_space", "2Mi"),
+        ("open_files", 3),
+        ("open_files", "1"),
+    ],
+)
+def test_limits_below_what_any_program_starts_with_are_refused(field, value):
+    # `--memory 100` ran /bin/true into exit 127 with nothing said.
+    with pytest.raises(ConfigError) as info:
+        Limits(**{field: value})
+    check_config_error(info.value, f"Limits.{field}", value)
+    assert "at least" in str(info.value)
+
+
+def test_a_tiny_size_without_a_unit_suggests_one():
+    with pytest.raises(ConfigError, match="did you mean '100Mi'"):
+        Limits(memory="100")
 
 
 @pytest.mark.parametrize(
@@ -425,7 +474,7 @@ def test_limits_defaults():
     ("field", "value", "expected"),
     [
         ("memory", "512Mi", 512 * Mi),
-        ("memory", 1000, 1000),
+        ("memory", 2**20, 2**20),
         ("address_space", "4Gi", 4 * Gi),
         ("file_size", "10Mi", 10 * Mi),
         ("file_size", 0, 0),

@@ -93,7 +93,10 @@ def _ceil(d: Decimal) -> int:
 def test_a_size_means_what_it_says(number: str, unit: str, b: str, spaced: bool) -> None:
     text = f"{number}{' ' if spaced else ''}{unit}{b}"
     exact = _ceil(Decimal(number) * BYTE_UNITS[unit])
-    if exact > MAX_INT:
+    if not unit and Decimal(number) != _ceil(Decimal(number)):
+        with pytest.raises(ConfigError, match="fraction") as e:
+            parse_bytes("Limits.memory", text)
+    elif exact > MAX_INT:
         with pytest.raises(ConfigError, match="too large") as e:
             parse_bytes("Limits.memory", text)
     elif exact == 0:
@@ -174,6 +177,13 @@ sizes = st.one_of(
         lambda t: f"{t[0]}{t[1]}"
     ),
 )
+# memory and address_space: at least what a program starts with (4 MiB covers both).
+startable = st.one_of(
+    st.integers(4 * 2**20, 2**40),
+    st.tuples(st.integers(4, 4096), st.sampled_from(["Mi", "Gi", "M", "G"])).map(
+        lambda t: f"{t[0]}{t[1]}"
+    ),
+)
 durations = st.one_of(
     st.integers(1, 10**6),
     st.floats(0.001, 10**6),
@@ -183,16 +193,16 @@ durations = st.one_of(
 limits_kwargs = st.fixed_dictionaries(
     {},
     optional={
-        "memory": sizes,
+        "memory": startable,
         "file_size": sizes,
         "disk": sizes,
         "output": sizes,
-        "address_space": sizes,
+        "address_space": startable,
         "cpu_time": durations,
         "wall_time": durations,
         "kill_grace": durations,
         "pids": st.integers(1, 10**6),
-        "open_files": st.integers(1, 10**6).map(str),
+        "open_files": st.integers(4, 10**6).map(str),
         "cpu": st.one_of(st.integers(1, 64), st.integers(1, 64000).map(lambda n: f"{n}m")),
         "truncate_output": st.booleans(),
         "tolerate": st.sets(st.sampled_from(["memory", "pids", "disk"])),
@@ -290,12 +300,12 @@ def test_a_bad_policy_field_names_itself(field: str, value: object) -> None:
 RESOURCES = ["cpu", "memory", "disk", "pids", "open_files", "file_size", "cpu_time", "output"]
 resource_values = {
     "cpu": st.sampled_from(["100m", "2", 1, "1.5"]),
-    "memory": sizes,
+    "memory": startable,
     "disk": sizes,
     "file_size": sizes,
     "output": sizes,
     "pids": st.integers(1, 4096),
-    "open_files": st.integers(1, 4096),
+    "open_files": st.integers(4, 4096),
     "cpu_time": st.sampled_from(["10s", "1m", 30, "1h30m"]),
 }
 
@@ -407,7 +417,7 @@ def _resolves(manifest: Any, path: str) -> bool:
 # -- FIELD=VALUE words and the CLI's flags ---------------------------------------------
 
 limit_texts = {
-    "memory": sizes.map(str),
+    "memory": startable.map(str),
     "wall_time": st.integers(1, 10**5).map(lambda n: f"{n}ms"),
     "pids": st.integers(1, 10**5).map(str),
     "cpu": st.integers(1, 64000).map(lambda n: f"{n}m"),

@@ -119,7 +119,7 @@ def test_none_is_text_where_it_would_read_as_a_value(name, value):
     ("name", "text", "field", "message"),
     [
         ("memory", "lots", "Limits.memory", "not a size"),
-        ("memory", "5m", "Limits.memory", "did you mean 'Mi'?"),
+        ("memory", "5m", "Limits.memory", "did you mean '5Mi'?"),
         ("cpu_time", "soon", "Limits.cpu_time", "not a duration"),
         ("pids", "many", "Limits.pids", "not a whole number"),
         ("cpu", "fast", "Limits.cpu", "not a CPU amount"),
@@ -206,8 +206,8 @@ def test_a_settings_error_is_a_config_error_and_pickles():
 
 
 def test_checked_names_the_source_of_python_values():
-    assert s.checked({"memory": "1Ki", "open_files": 10.0}, "m") == {
-        "memory": 1024,
+    assert s.checked({"memory": "1Mi", "open_files": 10.0}, "m") == {
+        "memory": 1024 * 1024,
         "open_files": 10,
     }
     with pytest.raises(s.SettingsError) as info:
@@ -266,8 +266,8 @@ def test_build_makes_only_what_is_asked_for():
 def test_object_fields_are_what_differs_from_the_default():
     assert s.object_fields(None, "limits") == {}
     assert s.object_fields({"memory": "1Gi"}, "limits") == {"memory": "1Gi"}
-    assert s.object_fields(Limits(memory="1Ki", cpu="1"), "limits") == {
-        "memory": 1024,
+    assert s.object_fields(Limits(memory="1Mi", cpu="1"), "limits") == {
+        "memory": 1024 * 1024,
         "cpu": "1000m",
     }
     assert s.object_fields(Policy(network="deny"), "policy") == {"network": "deny"}
