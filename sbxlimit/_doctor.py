@@ -23,9 +23,10 @@ from typing import Any
 from . import _core, _platform
 from ._cgroup import discover
 from ._cgroupfs import mounts, own_cgroups, v2_mount
+from ._enforcement import Enforcement
 from ._limits import Limits
 from ._namespaces import namespaces, userns_blockers
-from ._plan import UNENFORCED, plan
+from ._plan import plan
 from ._platform import (
     CLONE_NEWNET,
     CLONE_NEWNS,
@@ -90,12 +91,12 @@ class Report:
 
     system: dict[str, Any]
     checks: tuple[Check, ...]
-    summary: dict[str, str]
+    summary: dict[str, Enforcement]  # the same values as Popen.enforced
 
     @property
     def ok(self) -> bool:
         """True when every default protection is held here."""
-        return not any(v.startswith(UNENFORCED) for v in self.summary.values())
+        return all(v.held for v in self.summary.values())
 
     def check(self, name: str) -> Check:
         for c in self.checks:
@@ -134,7 +135,7 @@ class Report:
         lines += ["", "What would hold each limit and protection here:"]
         width = max(len(k) for k in self.summary)
         for k, v in self.summary.items():
-            status = UNAVAILABLE if v.startswith(UNENFORCED) else OK
+            status = OK if v.held else UNAVAILABLE
             lines.append(f"  {paint(status, _MARKS[status])} {k:<{width}}  {v}")
         verdict = (
             "every default protection is available"

@@ -12,7 +12,8 @@ planner is left alone by the later ones: the order is the preference.
 
 ``Plan.enforced`` renders those as the strings ``doctor()``, the docs and
 ``Popen.enforced`` use: ``<mechanism>[+<mechanism>...][ (<caveat>; ...)]``,
-or ``unenforced: <reason>``.  Every downgrade is listed so that
+or ``unenforced: <reason>``, each an ``Enforcement`` (``_enforcement``)
+that carries the same as fields.  Every downgrade is listed so that
 ``strict=True`` can refuse before anything starts.
 """
 
@@ -27,6 +28,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from . import _platform
+from ._enforcement import UNENFORCED, Enforcement
 from ._limits import Limits
 from ._policy import Policy
 
@@ -43,8 +45,6 @@ __all__ = [
     "plan",
     "warn_downgrades",
 ]
-
-UNENFORCED = "unenforced: "
 
 
 class Holder(enum.Enum):
@@ -70,6 +70,12 @@ class Held:
     def noting(self, *caveats: str) -> Held:
         return Held(self.mechanism, (*self.caveats, *caveats))
 
+    @property
+    def enforcement(self) -> Enforcement:
+        """The ``enforced`` value: built from the parts, not parsed back
+        from the string (a caveat may hold "; ")."""
+        return Enforcement._held_by(str(self), self.mechanism, self.caveats)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Unenforced:
@@ -82,6 +88,10 @@ class Unenforced:
 
     def __str__(self) -> str:
         return UNENFORCED + self.reason
+
+    @property
+    def enforcement(self) -> Enforcement:
+        return Enforcement._unenforced(str(self), self.reason)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,7 +175,7 @@ class Plan:
 
     seatbelt: bool = False  # macOS (_seatbelt): the policy's profile applies
 
-    _enforced: dict[str, str] | None = None
+    _enforced: dict[str, Enforcement] | None = None
     _downgrades: dict[str, str] | None = None
 
     # -- what planners call --------------------------------------------------
@@ -202,10 +212,10 @@ class Plan:
     # -- what the rest reads ---------------------------------------------------
 
     @property
-    def enforced(self) -> dict[str, str]:
+    def enforced(self) -> dict[str, Enforcement]:
         """field -> mechanism string, or ``"unenforced: <why>"``."""
         if self._enforced is None:
-            self._enforced = {f: str(h) for f, h in self.held.items()}
+            self._enforced = {f: h.enforcement for f, h in self.held.items()}
         return self._enforced
 
     @property

@@ -15,8 +15,9 @@ import os
 import re
 import signal as _signal
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from ._enforcement import Enforcement
 from ._evidence import Evidence, KillRecord, Usage, usage
 from ._plan import Holder
 from ._units import format_bytes, format_seconds
@@ -29,13 +30,27 @@ __all__ = [
     "REASONS",
     "KillRecord",
     "Outcome",
+    "Reason",
     "Termination",
     "Usage",
     "classify",
     "program_name",
 ]
 
-REASONS = (
+# Termination.reason, for type checkers; REASONS is the same, in order.
+Reason = Literal[
+    "exited",
+    "signaled",
+    "memory",
+    "cpu_time",
+    "cpu",
+    "pids",
+    "file_size",
+    "disk",
+    "wall_time",
+    "output",
+]
+REASONS: tuple[Reason, ...] = (
     "exited",
     "signaled",
     "memory",
@@ -48,7 +63,7 @@ REASONS = (
     "output",
 )
 # Reasons that mean "a limit ended it"; run(check=True) raises LimitExceeded.
-LIMIT_REASONS = frozenset(
+LIMIT_REASONS: frozenset[Reason] = frozenset(
     {"memory", "cpu_time", "pids", "file_size", "disk", "wall_time", "output"}
 )
 
@@ -60,7 +75,7 @@ class Termination:
     Attributes:
         reason: one of ``exited``, ``signaled``, ``memory``, ``cpu_time``,
             ``cpu`` (never a kill reason: throttling only), ``pids``,
-            ``file_size``, ``disk``, ``wall_time``, ``output``.
+            ``file_size``, ``disk``, ``wall_time``, ``output`` (``Reason``).
         limit: the limit that ended it (bytes, seconds, count), else None.
         observed: how much was used when it ended, else None.
         mechanism: what held the limit (``"rlimit:RLIMIT_CPU"``), else None.
@@ -71,14 +86,14 @@ class Termination:
             survived some: a truncated output, a refused fork).
     """
 
-    reason: str
+    reason: Reason
     limit: float | int | None
     observed: float | int | None
     mechanism: str | None
     message: str
     returncode: int | None
     signal: int | None = None
-    hits: tuple[str, ...] = ()
+    hits: tuple[Reason, ...] = ()
 
     @property
     def is_limit(self) -> bool:
@@ -89,6 +104,22 @@ class Termination:
         d = dataclasses.asdict(self)
         d["hits"] = list(self.hits)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Termination:
+        """The inverse of ``to_dict()`` (after a JSON round trip too); keys
+        it does not know are ignored (a newer version's)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in d.items() if k in known}
+        fields["reason"] = _reason(fields.get("reason"))
+        fields["hits"] = tuple(_reason(h) for h in fields.get("hits", ()))
+        return cls(**fields)
+
+
+def _reason(value: object) -> Reason:
+    if value not in REASONS:
+        raise ValueError(f"not a termination reason: {value!r} (one of {', '.join(REASONS)})")
+    return value
 
 
 _PLAIN_WORD = re.compile(r"[\w.+/-]+")
@@ -154,9 +185,44 @@ _ADVICE = {
 }
 
 
+# Why the figure read can fall short of a limit that was reached (the
+# kernel decided on its own count): said instead of "used X; its limit is Y"
+# with X < Y, which reads as a contradiction.
+_SHORT = {
+    "memory": "The peak read is {used}: the kernel does not grant the allocation that would "
+    "pass the limit, so the peak stays below it.",
+    "cpu_time": "The CPU time read is {used}: the kernel fires the limit on its own count, "
+    "which this figure can trail.",
+    "disk": "The workspace held {used} at the end.",
+}
+
+
+def _reached(
+    program: str, reason: str, limit: Any, observed: Any, mechanism: str, detail: str
+) -> str | None:
+    """The message of a limit reached whose figure is below it (or
+    unknown), else None: then "used X; its limit is Y" reads right."""
+    if reason not in _SHORT or detail == "refused" or limit is None:
+        return None
+    if observed is not None and observed >= limit:
+        return None
+    cap = _amount(reason, limit)
+    what = {
+        "memory": f"{program} was killed on reaching its memory limit of {cap}"
+        + (f", where the OOM killer had killed {detail} of its processes" if detail else ""),
+        "cpu_time": f"{program} was stopped on reaching its CPU-time limit of {cap}",
+        "disk": f"{program} filled its workspace to its limit of {cap}",
+    }[reason]
+    short = _SHORT[reason].format(used=_amount(reason, observed)) if observed is not None else ""
+    return " ".join(x for x in (f"{what} ({mechanism}).", short, _ADVICE[reason]) if x)
+
+
 def _limit_message(
     program: str, reason: str, limit: Any, observed: Any, mechanism: str, detail: str
 ) -> str:
+    reached = _reached(program, reason, limit, observed, mechanism, detail)
+    if reached is not None:
+        return reached
     used, cap = _amount(reason, observed), _amount(reason, limit)
     what = {
         "memory": f"{program} failed after its memory reached {used}, near its limit of "
@@ -191,7 +257,7 @@ def classify(
     cpu_time_limit: float | None,
     file_size_limit: int | None,
     memory_limit: int | None,
-    enforced: dict[str, str],
+    enforced: dict[str, Enforcement],
     usage: Usage,
     kill: KillRecord | None,
     hits: Iterable[str] = (),
@@ -216,9 +282,10 @@ def classify(
     cpu_used = usage.cpu_total
 
     def ended(
-        reason: str, limit: Any, observed: Any, mechanism: str, detail: str = ""
+        reason: Reason, limit: Any, observed: Any, mechanism: str, detail: str = ""
     ) -> Termination:
         hit.add(reason)
+        mechanism = str(mechanism)  # an enforced value: the text, not an Enforcement
         message = _limit_message(program, reason, limit, observed, mechanism, detail)
         return Termination(
             reason=reason,
@@ -239,7 +306,7 @@ def classify(
         hit.add("disk")
     # What the supervisor did is the strongest evidence: it acted first.
     if kill is not None:
-        return ended(kill.reason, kill.limit, kill.observed, kill.mechanism, kill.detail)
+        return ended(_reason(kill.reason), kill.limit, kill.observed, kill.mechanism, kill.detail)
     ends = not killed_by_caller
     if oom_kills and memory_limit is not None and (returncode != 0 or "memory" not in tolerate):
         # Untolerated, an OOM kill ends the sandbox: the verdict even when
@@ -295,11 +362,47 @@ def classify(
             message += (
                 " Nothing in sbxlimit sent it; the kernel's OOM killer or another process may have."
             )
+        elif sig == _signal.SIGSEGV:
+            message += _tight(
+                enforced,
+                memory_limit,
+                "The kernel also kills a program so when its image does not fit under",
+                ("memory", "address_space"),
+            )
         return Termination(
             "signaled", None, None, None, message + on_the_way, returncode, sig, hits_t
         )
     message = f"{program} exited with status {returncode}.{on_the_way}"
+    if returncode == 127:
+        message += _tight(
+            enforced,
+            memory_limit,
+            "127 is also the dynamic loader's status when it cannot load the program's "
+            "libraries, which these limits can cause:",
+            ("memory", "address_space", "open_files"),
+        )
     return Termination("exited", None, None, None, message, returncode, None, hits_t)
+
+
+_RLIMIT_OF = {"memory": "RLIMIT_DATA", "address_space": "RLIMIT_AS", "open_files": "RLIMIT_NOFILE"}
+
+
+def _tight(
+    enforced: dict[str, Enforcement], memory_limit: int | None, said: str, fields: tuple[str, ...]
+) -> str:
+    """A failure at the program's start that per-process limits can cause
+    (the loader cannot map or open a library: 127; the kernel cannot map
+    the image past exec's point of no return: SIGSEGV), naming those
+    limits: the program never got to say anything itself."""
+    tight = []
+    for field in fields:
+        rlimit = _RLIMIT_OF[field]
+        if rlimit in str(enforced.get(field, "")):
+            size = f" of {format_bytes(memory_limit)}" if field == "memory" and memory_limit else ""
+            tight.append(f"{field} ({rlimit}{size})")
+    if not tight:
+        return ""
+    return f" {said} {', '.join(tight)}. Raise the limit if it is that."
 
 
 # Without a cgroup, a failed program whose memory (sampled, or its reaped
@@ -334,7 +437,7 @@ class Outcome:
         self,
         evidence: Evidence,
         limits: Limits | None,
-        enforced: dict[str, str],
+        enforced: dict[str, Enforcement],
         memory_by: Holder = Holder.NONE,
     ) -> None:
         self.evidence = evidence
