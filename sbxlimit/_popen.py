@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _platform
+from ._enforcement import Enforcement
 from ._errors import ConfigError
 from ._evidence import Usage
 from ._limits import Limits
@@ -353,18 +354,28 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     @property
     def workspace(self) -> str | None:
         """The private workspace (the program's cwd and TMPDIR), readable
-        until close(); None when the policy names a workdir or after close.
+        until close(); None when there is none (no policy, or the policy
+        names a workdir).
 
         Where ``disk`` is held by a tmpfs in the sandbox's own mount
         namespace, this is ``/proc/<our pid>/fd/<n>``: the tmpfs, reached
         through the fd the sandbox handed back (the directory of the same
-        name in the caller's namespace stays empty)."""
+        name in the caller's namespace stays empty).  After close() it is
+        the directory's path, removed unless ``keep_workdir`` (see
+        ``workspace_removed``)."""
         return self._sbx.workspace_view()
+
+    @property
+    def workspace_removed(self) -> bool:
+        """True once close() (the end of the ``with`` block, or run())
+        removed the private workspace; False while it is readable, when it
+        is kept (``keep_workdir``), or when there is none."""
+        return self._sbx.workspace_removed
 
     def close(self) -> None:
         """Remove the private workspace, unless ``keep_workdir``; the end of
         the ``with`` block calls it.  Ends the sandbox first if it runs."""
-        if self._sbx.workspace is None:
+        if self._sbx.workspace is None:  # none, or closed already
             return
         if self._child_created and self.returncode is None:
             self.kill_tree(grace=0)
@@ -373,10 +384,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     # -- sbxlimit's additions ---------------------------------------------
 
     @property
-    def enforced(self) -> dict[str, str]:
+    def enforced(self) -> dict[str, Enforcement]:
         """For each limit and protection asked for, the mechanism that holds
         it (``"rlimit:RLIMIT_CPU"``, ``"watchdog:wall_time"``), or
-        ``"unenforced: <why>"``."""
+        ``"unenforced: <why>"``: an ``Enforcement`` (held, mechanisms, ...)."""
         return self._sbx.enforced
 
     def kill_tree(self, grace: float | None = None) -> None:

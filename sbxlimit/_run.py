@@ -6,7 +6,8 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from ._errors import LimitExceeded
+from ._enforcement import Enforcement
+from ._errors import LimitExceeded, RunTimeout
 from ._evidence import Usage
 from ._limits import Limits
 from ._policy import Policy
@@ -18,8 +19,8 @@ __all__ = ["SandboxResult", "run"]
 
 class SandboxResult(subprocess.CompletedProcess):  # type: ignore[type-arg]
     """A :class:`subprocess.CompletedProcess` plus what the sandbox used
-    (``usage``), how it ended (``termination``) and what held each limit
-    (``enforced``)."""
+    (``usage``), how it ended (``termination``), what held each limit
+    (``enforced``), its ``sandbox_id`` and its ``workspace``."""
 
     def __init__(
         self,
@@ -29,9 +30,15 @@ class SandboxResult(subprocess.CompletedProcess):  # type: ignore[type-arg]
         stderr: Any = None,
         *,
         outcome: Outcome,
+        sandbox_id: str | None = None,
+        workspace: str | None = None,
     ) -> None:
         super().__init__(args, returncode, stdout, stderr)
         self._outcome = outcome
+        self.sandbox_id = sandbox_id
+        # The path only: run() removed the directory before returning,
+        # unless keep_workdir.
+        self.workspace = workspace
 
     @property
     def usage(self) -> Usage:
@@ -44,7 +51,7 @@ class SandboxResult(subprocess.CompletedProcess):  # type: ignore[type-arg]
         return self._outcome.termination()
 
     @property
-    def enforced(self) -> dict[str, str]:
+    def enforced(self) -> dict[str, Enforcement]:
         """For each limit and protection asked for, what held it."""
         return dict(self._outcome.enforced)
 
@@ -72,7 +79,9 @@ def run(
     :class:`LimitExceeded` (a :class:`subprocess.CalledProcessError`), any
     other non-zero exit :class:`subprocess.CalledProcessError`.  On
     ``timeout`` (or any exception) the whole tree is killed, not only the
-    first process, before the exception propagates.
+    first process, before the exception propagates; a timeout raises
+    :class:`RunTimeout` (a :class:`subprocess.TimeoutExpired`) with the
+    killed sandbox's ``termination`` and ``usage``.
     """
     if input is not None:
         if kwargs.get("stdin") is not None:
@@ -87,15 +96,28 @@ def run(
     with Popen(*popenargs, limits=limits, policy=policy, **kwargs) as process:
         try:
             stdout, stderr = process.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill_tree(grace=0)
-            raise
+        except subprocess.TimeoutExpired as e:
+            process.kill_tree(grace=0)  # reaps it: the verdict is final
+            t = process.termination
+            assert t is not None
+            u = process.usage()
+            # The timeout asked for (subprocess's may carry what was left of it).
+            assert timeout is not None
+            raise RunTimeout(t, u, e.cmd, timeout, e.output, e.stderr) from None
         except BaseException:
             process.kill_tree(grace=0)
             raise
         retcode = process.poll()
     assert retcode is not None
-    result = SandboxResult(process.args, retcode, stdout, stderr, outcome=process._sbx_outcome())
+    result = SandboxResult(
+        process.args,
+        retcode,
+        stdout,
+        stderr,
+        outcome=process._sbx_outcome(),
+        sandbox_id=process.sandbox_id,
+        workspace=process.workspace,
+    )
     if check:
         result.check_returncode()
     return result

@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 from . import _core, _landlock, _namespaces, _platform, _protected, _seatbelt, _workspace, audit
 from . import _spawn as _spawn_mod
 from ._cgroup import Cgroup, CgroupStats, Site, discover, warn_explicit_site
+from ._enforcement import Enforcement
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
@@ -109,12 +110,14 @@ class Sandbox:
     die_with_parent: bool | None = None
     warn_at: float | None = 0.9
     protected: tuple[str, ...] = ()  # what protect_dotfiles protects (_protected)
-    notes: dict[str, str] = {}  # noqa: RUF012  (replaced, never mutated) this run's enforced notes
+    notes: dict[str, Enforcement] = {}  # noqa: RUF012  (replaced, never mutated) this run's enforced notes
     _id: str | None = None
 
     # Resources, in the order spawn() takes them.
     quota: Any = None  # a Quota admission, given back when the program exits
     workspace: str | None = None  # the private workspace, until close()
+    workspace_dir: str | None = None  # its path, kept after close() for the record
+    workspace_removed = False  # close() removed it
     belt: Belt | None = None  # macOS: the profile on its way in
     cgroup: Cgroup | None = None
     ws_fd = -1  # the size-capped tmpfs over the workspace (mount namespace): its root
@@ -152,7 +155,7 @@ class Sandbox:
         return self._id
 
     @property
-    def enforced(self) -> dict[str, str]:
+    def enforced(self) -> dict[str, Enforcement]:
         return {**self.plan.enforced, **self.notes}
 
     # -- before anything exists --------------------------------------------
@@ -240,7 +243,7 @@ class Sandbox:
             notes.append(f"a link to a directory, so it can be replaced: {', '.join(links)}")
         held = p.held["protect_dotfiles"]
         if notes and isinstance(held, Held):
-            self.notes = {"protect_dotfiles": str(held.noting(*notes))}
+            self.notes = {"protect_dotfiles": held.noting(*notes).enforcement}
 
     def release_quota(self) -> None:
         admission, self.quota = self.quota, None
@@ -310,7 +313,9 @@ class Sandbox:
                 cg_dirfd = cg.dirfd
                 close_after += cg_procs
             if p.workspace:
-                ws = self.workspace = _workspace.create(self.id)
+                ws = self.workspace = self.workspace_dir = _workspace.create(
+                    self.id, keep=self.plan.keep_workspace
+                )
                 if cwd is None:
                     cwd = ws
                 env = environ_bytes() if env is None else dict(env)
@@ -495,7 +500,7 @@ class Sandbox:
             ns.close()  # idempotent: the sockets of a spawn that did not happen
         if self.workspace is not None:
             _workspace.remove(self.workspace)
-            self.workspace = None
+            self.workspace = self.workspace_dir = None
 
     def run_target(
         self, parent_ends: tuple[int, ...], redirected: tuple[bool, bool, bool]
@@ -819,13 +824,14 @@ class Sandbox:
         if self.plan.active and audit.active():
             t = self.outcome(returncode, created=True).termination()
             f = self.audit_fields()
-            audit.emit("exit", observed=returncode, detail=t.reason, **f)
+            # Cause before effect: the limit, the kill it caused, the exit.
             if t.is_limit:
                 kw = {"limit": t.limit, "observed": t.observed, "mechanism": t.mechanism}
                 audit.emit("limit_exceeded", field=t.reason, **kw, **f)
                 w = self.watch
                 if w is not None and w.kill is not None:  # the supervisor ended it
                     audit.emit("killed", field=t.reason, detail="supervisor", **kw, **f)
+            audit.emit("exit", observed=returncode, detail=t.reason, **f)
 
     # -- the caller's hand -----------------------------------------------------
 
@@ -925,10 +931,11 @@ class Sandbox:
 
     def workspace_view(self) -> str | None:
         """The workspace as the caller reaches it: the tmpfs through the fd
-        the sandbox handed back, else the directory."""
+        the sandbox handed back, else the directory (after close() too: the
+        path stays meaningful, the fd's does not)."""
         if self.ws_fd >= 0 and self.workspace is not None:
             return _namespaces.fd_path(self.ws_fd)
-        return self.workspace
+        return self.workspace_dir
 
     def close_tmpfs(self, copy_to: str | None) -> None:
         fd, self.ws_fd = self.ws_fd, -1
@@ -955,6 +962,8 @@ class Sandbox:
                 _workspace.forget(ws)
             else:
                 _workspace.remove(ws)
+                # Removal is best effort: say what is true.
+                self.workspace_removed = not os.path.lexists(ws)
 
     def finalize(self, reaped: bool) -> None:
         """Dropped without close(): the workspace goes with it (if the

@@ -52,12 +52,16 @@ def plan_workdir(p: Plan, r: Request) -> None:
     p.hold("workspace", "supervisor:workdir", "used as given, not removed")
 
 
-def create(sandbox_id: str) -> str:
-    """Make the workspace and its tmp/; returns its path."""
-    path = tempfile.mkdtemp(prefix=f"sbxlimit-{sandbox_id}-")  # mode 0700
+def create(sandbox_id: str, *, keep: bool = False) -> str:
+    """Make the workspace and its tmp/; returns its path.  One to `keep` is
+    not removed at interpreter exit, closed or not, and its name is not one
+    ``sbxlimit gc`` takes for a crashed supervisor's leftover."""
+    kind = "kept-" if keep else ""
+    path = tempfile.mkdtemp(prefix=f"sbxlimit-{kind}{sandbox_id}-")  # mode 0700
     os.mkdir(os.path.join(path, "tmp"), 0o700)
-    with _lock:
-        _live.add(path)
+    if not keep:
+        with _lock:
+            _live.add(path)
     return path
 
 

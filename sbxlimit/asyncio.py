@@ -18,7 +18,9 @@ loop timer; its pipes are asyncio streams.  No thread is started per
 process: the limits that need watching (``wall_time``, the memory and pids
 watchdogs, ``output``) are held by sbxlimit's one supervisor thread, shared
 by every sandbox of the interpreter.  Cancelling a task that awaits
-``wait()`` or ``communicate()`` kills the sandbox's whole tree.
+``wait()`` or ``communicate()`` kills the sandbox's whole tree, and reaps
+it before the cancellation propagates.  ``async with proc:`` ends as
+``with Popen(...)`` does.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from ._errors import ConfigError
+from ._enforcement import Enforcement
+from ._errors import ConfigError, RunTimeout
 from ._evidence import Usage
 from ._limits import Limits
 from ._policy import Policy
@@ -49,7 +52,8 @@ _PIPE = subprocess.PIPE
 
 class Process:
     """The :class:`asyncio.subprocess.Process` interface for a sandbox, plus
-    ``usage()``, ``termination``, ``enforced`` and ``kill_tree()``."""
+    ``usage()``, ``termination``, ``enforced``, ``kill_tree()``,
+    ``workspace`` and ``close()``; ``async with`` ends as Popen's ``with``."""
 
     def __init__(self, popen: Popen, loop: asyncio.AbstractEventLoop, limit: int) -> None:
         self._popen = popen
@@ -61,6 +65,7 @@ class Process:
         self.stdin: asyncio.StreamWriter | None = None
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None
+        self._read_transports: list[asyncio.ReadTransport] = []  # closed by async with
 
     async def _connect(self) -> None:
         p, loop = self._popen, self._loop
@@ -81,7 +86,8 @@ class Process:
         def protocol() -> asyncio.StreamReaderProtocol:
             return asyncio.StreamReaderProtocol(reader, loop=self._loop)
 
-        await self._loop.connect_read_pipe(protocol, pipe)
+        transport, _ = await self._loop.connect_read_pipe(protocol, pipe)
+        self._read_transports.append(transport)
         return reader
 
     # -- exit -------------------------------------------------------------
@@ -127,11 +133,12 @@ class Process:
         return self._popen.returncode if self._exited.done() else None
 
     async def wait(self) -> int:
-        """Wait for the program to exit; cancelling this kills its tree."""
+        """Wait for the program to exit; cancelling this kills its tree, and
+        the cancellation propagates once the program is reaped."""
         try:
             return await asyncio.shield(self._exited)
         except asyncio.CancelledError:
-            self._kill_now()
+            await self._end_cancelled()
             raise
 
     async def communicate(self, input: bytes | None = None) -> tuple[bytes | None, bytes | None]:
@@ -149,7 +156,7 @@ class Process:
             await self.wait()
             return out, err
         except asyncio.CancelledError:
-            self._kill_now()
+            await self._end_cancelled()
             raise
 
     def send_signal(self, sig: int) -> None:
@@ -168,6 +175,19 @@ class Process:
             sbx = self._popen._sbx
             sbx.caller_kills()
             sbx.signal_tree(signal.SIGKILL)
+
+    async def _end_cancelled(self) -> None:
+        """A cancelled wait: kill the tree, then wait for the reap, so that
+        `returncode` and `termination` are set when the cancellation
+        arrives (the kernel takes tens of ms, or more, to tear down a large
+        killed process).  Unbounded after SIGKILL, as sync kill_tree() is;
+        a second cancellation stops the wait."""
+        self._kill_now()
+        if not self._exited.done():
+            try:
+                await asyncio.shield(self._exited)
+            except asyncio.CancelledError:
+                pass  # the caller's cancellation propagates all the same
 
     async def kill_tree(self, grace: float | str | None = None) -> int:
         """SIGTERM to the whole tree, SIGKILL after `grace` (default
@@ -199,12 +219,55 @@ class Process:
         return self._popen.termination if self._exited.done() else None
 
     @property
-    def enforced(self) -> dict[str, str]:
+    def enforced(self) -> dict[str, Enforcement]:
         return self._popen.enforced
 
     @property
     def sandbox_id(self) -> str:
         return self._popen.sandbox_id
+
+    @property
+    def workspace(self) -> str | None:
+        """As :attr:`sbxlimit.Popen.workspace`: readable until close() (the
+        end of ``async with``); after it, the directory's path."""
+        return self._popen.workspace
+
+    @property
+    def workspace_removed(self) -> bool:
+        """As :attr:`sbxlimit.Popen.workspace_removed`."""
+        return self._popen.workspace_removed
+
+    def close(self) -> None:
+        """Remove the private workspace, unless ``keep_workdir``; the end of
+        ``async with`` calls it.  As :meth:`sbxlimit.Popen.close`, a
+        sandbox still running is ended first (SIGKILL to the tree, then a
+        blocking reap: end it with ``kill_tree()`` to keep the loop free)."""
+        self._popen.close()
+        if self._popen.returncode is not None and not self._loop.is_closed():
+            self._check_exit()  # reaped just now: settle returncode at once
+
+    async def __aenter__(self) -> Process:
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """As :class:`sbxlimit.Popen`'s ``with`` block: close the pipes, wait
+        for the program to exit, then close() (the workspace).  A block
+        left by a cancellation or KeyboardInterrupt does not wait: the tree
+        is killed and reaped, as the sync block does after a
+        KeyboardInterrupt."""
+        try:
+            for transport in self._read_transports:
+                transport.close()
+            if self.stdin is not None:
+                self.stdin.close()
+            if exc_type is not None and issubclass(
+                exc_type, (asyncio.CancelledError, KeyboardInterrupt)
+            ):
+                await self._end_cancelled()
+            else:
+                await self.wait()
+        finally:
+            self.close()
 
     def __repr__(self) -> str:
         return f"<sbxlimit.asyncio.Process {self.pid}>"
@@ -333,8 +396,10 @@ async def run(
     **kwds: Any,
 ) -> SandboxResult:
     """As :func:`sbxlimit.run`, awaited: returns a :class:`SandboxResult`.
-    On `timeout` the whole tree is killed and TimeoutExpired raised; when
-    the awaiting task is cancelled, the tree is killed too."""
+    On `timeout` the whole tree is killed and :class:`sbxlimit.RunTimeout`
+    (a TimeoutExpired) raised; when the awaiting task is cancelled, the
+    tree is killed too.  The workspace is removed before it returns, unless
+    ``keep_workdir``."""
     if input is not None:
         kwds["stdin"] = _PIPE
     if capture_output:
@@ -346,15 +411,26 @@ async def run(
         proc = await create_subprocess_exec(args, limits=limits, policy=policy, **kwds)
     else:
         proc = await create_subprocess_exec(*args, limits=limits, policy=policy, **kwds)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(input), secs)
-    except TimeoutError:
-        await proc.kill_tree(grace=0)
-        raise subprocess.TimeoutExpired(args, secs or 0.0) from None
+    async with proc:
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), secs)
+        except TimeoutError:
+            await proc.kill_tree(grace=0)
+            t = proc.termination
+            assert t is not None
+            raise RunTimeout(t, proc.usage(), args, secs or 0.0) from None
     p = proc._popen
     rc = p.returncode
     assert rc is not None
-    result = SandboxResult(p.args, rc, out, err, outcome=p._sbx_outcome())
+    result = SandboxResult(
+        p.args,
+        rc,
+        out,
+        err,
+        outcome=p._sbx_outcome(),
+        sandbox_id=proc.sandbox_id,
+        workspace=proc.workspace,
+    )
     if check:
         result.check_returncode()
     return result

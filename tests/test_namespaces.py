@@ -577,7 +577,8 @@ def test_disk_tmpfs_enospc_and_outputs_readable_until_close():
         host_dir = p._sbx.workspace
         assert not _mounted(host_dir)  # nothing mounted in the caller's namespace
         assert os.listdir(host_dir) == ["tmp"]  # made before the start, never written
-    assert p.workspace is None and not os.path.exists(host_dir)
+    # After close: the directory's path (the fd's is gone), removed.
+    assert p.workspace == host_dir and p.workspace_removed and not os.path.exists(host_dir)
     p.stdout.close()
     deadline = time.monotonic() + 5  # the supervisor drops its pidfd on its next turn
     while own_fds() != fds and time.monotonic() < deadline:

@@ -32,7 +32,8 @@ def test_private_workspace_is_cwd_and_tmpdir_readable_until_close():
         with open(os.path.join(ws, "out.txt")) as f:
             assert f.read() == "hi"  # still there after the exit
         assert p.enforced["workspace"].startswith("supervisor:workspace")
-    assert not os.path.exists(ws) and p.workspace is None
+    # Removed, and still named: the path stays for the record.
+    assert not os.path.exists(ws) and p.workspace == ws and p.workspace_removed
 
 
 def test_keep_workdir_keeps_it(tmp_path):
@@ -47,6 +48,34 @@ def test_keep_workdir_keeps_it(tmp_path):
         import shutil
 
         shutil.rmtree(ws)
+
+
+def test_keep_workdir_keeps_it_past_an_interpreter_that_never_closed_it(tmp_path):
+    # keep_workdir was forgotten at interpreter exit when the Popen was
+    # never closed: the exit removed it with the unclosed ones.
+    code = (
+        "import sbxlimit\n"
+        "p = sbxlimit.Popen(['sh', '-c', 'echo x > kept'],\n"
+        "                   policy=sbxlimit.Policy(keep_workdir=True))\n"
+        "p.wait()\n"
+        "print(p.workspace)\n"
+    )
+    r = subprocess.run(
+        [PY, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    ws = r.stdout.strip()
+    assert ws.startswith(str(tmp_path)) and os.path.exists(os.path.join(ws, "kept")), r.stderr
+    # Its owner is gone, but it was kept on purpose: not a leftover for gc.
+    env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
+    r = subprocess.run(
+        [PY, "-m", "sbxlimit", "gc"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert r.returncode == 0 and ws not in r.stdout and os.path.exists(ws), r.stdout
 
 
 def test_the_programs_leftovers_do_not_stop_removal():
