@@ -329,8 +329,9 @@ def _memory_error_message(body: _Body, mechanism: str) -> str:
     return (
         f"sbxlimit: the test body hit its memory limit of {format_bytes(body.asked)}: "
         f"an allocation failed with MemoryError ({mechanism}).{body.note(mechanism)} "
-        "If it legitimately needs more, raise the memory in the marker; otherwise look "
-        "for a leak or an unbounded buffer."
+        "If it legitimately needs more, give the test more "
+        f"(@pytest.mark.{MARKER}(memory=...)); otherwise look for a leak or an unbounded "
+        "buffer."
     )
 
 

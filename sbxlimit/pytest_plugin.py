@@ -11,6 +11,9 @@ Registered as ``sbxlimit`` through the ``pytest11`` entry point.
 - ``--sbxlimit-defaults`` / ``$SBXLIMIT_DEFAULTS`` / ini ``sbxlimit_defaults``:
   default limits and policy; precedence marker > CLI > env > ini, per field
   (:mod:`sbxlimit._pytest_settings`).
+- ``--sbxlimit-all`` / ``$SBXLIMIT_ALL`` / ini ``sbxlimit_all``: every test
+  as if it carried the marker with no fields, under the defaults;
+  ``@pytest.mark.no_sbxlimit`` opts a test out.
 - ``--sbxlimit-report``: the heaviest tests at the end of the session
   (:mod:`sbxlimit._pytest_report`).
 - ``--sbxlimit-doctor``: the doctor's report in the session header.
@@ -29,7 +32,7 @@ import pytest
 from . import _pytest_fixture, _pytest_fork, _pytest_settings
 from ._pytest_fixture import Sandboxes
 from ._pytest_report import REPORT_ROWS, UsageReport
-from ._pytest_settings import CLI, INI, MARKER
+from ._pytest_settings import ALL_CLI, ALL_ENV, ALL_INI, CLI, INI, OPT_OUT
 
 __all__ = ["Sandboxes"]
 
@@ -37,6 +40,10 @@ _MARKER_HELP = (
     "sbxlimit(memory=..., cpu_time=..., wall_time=..., pids=..., open_files=..., "
     "file_size=..., network=..., ...): run the test body in a forked child under "
     "these sbxlimit limits and policy (docs/pytest.md)"
+)
+_OPT_OUT_HELP = (
+    f"{OPT_OUT}: run the test body in the pytest process, as usual, despite "
+    f"{ALL_CLI} or an @pytest.mark.sbxlimit further out (docs/pytest.md)"
 )
 
 
@@ -51,6 +58,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "@pytest.mark.sbxlimit, as FIELD=VALUE words: 'memory=256Mi wall_time=30s "
         "network=deny'.  Overrides $SBXLIMIT_DEFAULTS and the sbxlimit_defaults ini "
         "option field by field; the marker overrides all three.",
+    )
+    group.addoption(
+        ALL_CLI,
+        dest="sbxlimit_all",
+        action="store_true",
+        default=False,
+        help="Run every test as if it carried @pytest.mark.sbxlimit: its body in a "
+        "forked sandbox under the defaults (which must set something).  Also "
+        f"${ALL_ENV}=1 or the {ALL_INI} ini option; @pytest.mark.{OPT_OUT} opts a test out.",
     )
     group.addoption(
         "--sbxlimit-report",
@@ -74,32 +90,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "@pytest.mark.sbxlimit override it field by field.",
         default="",
     )
+    parser.addini(
+        ALL_INI,
+        type="bool",
+        help="Run every test as if it carried @pytest.mark.sbxlimit (as "
+        f"{ALL_CLI}); ${ALL_ENV} overrides it.",
+        default=False,
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
+    config.addinivalue_line("markers", _OPT_OUT_HELP)
     _pytest_settings.configure(config)
     if config.getoption("sbxlimit_report") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(UsageReport(), "sbxlimit-report")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    if not config.getoption("sbxlimit_doctor"):
-        return None
-    from ._doctor import doctor
+    every = _pytest_settings.header(config)
+    lines = [every] if every is not None else []
+    if config.getoption("sbxlimit_doctor"):
+        from ._doctor import doctor
 
-    return str(doctor()).rstrip("\n").splitlines()
+        lines += str(doctor()).rstrip("\n").splitlines()
+    return lines or None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker(MARKER) is not None:
+    if _pytest_settings.forked(item):
         _pytest_fork.check(item)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-    if item.get_closest_marker(MARKER) is None:
+    if not _pytest_settings.forked(item):
         return None
     _pytest_fork.run_test(item, nextitem)
     return True

@@ -119,6 +119,7 @@ def test_session_goes_on():
 def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     monkeypatch.setenv("OUTER_PID", str(os.getpid()))
     monkeypatch.delenv("SBXLIMIT_DEFAULTS", raising=False)
+    monkeypatch.delenv("SBXLIMIT_ALL", raising=False)
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
     return pytester
 
@@ -244,7 +245,11 @@ def test_precedence_and_doctor_header(
     ("where", "expected"),
     [
         ("ini", "ERROR: ini option sbxlimit_defaults in *tox.ini: Limits.memory: *(got 'lots')"),
-        ("env", "ERROR: environment variable SBXLIMIT_DEFAULTS: unknown field 'memroy'; known: *"),
+        (
+            "env",
+            "ERROR: environment variable SBXLIMIT_DEFAULTS: unknown field 'memroy'; "
+            "did you mean 'memory'? known: *",
+        ),
         ("cli", "ERROR: --sbxlimit-defaults: Policy.network: expected 'allow', 'deny' or*"),
         ("cli-word", "ERROR: --sbxlimit-defaults: expected FIELD=VALUE words *(got 'memory')"),
     ],
@@ -469,3 +474,153 @@ def test_a_forked_body_reports_what_it_would_report_unforked(
     ):
         assert needle in plain[2] and needle in marked_run[2], needle
     assert "UserWarning: warned in the body" in marked_run[3]
+
+
+ALL_CONFTEST = """
+import os
+
+def pytest_configure(config):
+    # The pytest process's pid, for a body to tell whether it was forked.
+    os.environ["SESSION_PID"] = str(os.getpid())
+"""
+
+ALL = (
+    """
+import os, resource
+import pytest
+"""
+    + HOG
+    + """
+EVERY = os.environ["EXPECT_ALL"] == "1"
+
+def forked():
+    return os.getpid() != int(os.environ["SESSION_PID"])
+
+def test_unmarked():
+    assert forked() == EVERY
+
+def test_unmarked_hog():
+    hog()
+
+@pytest.mark.no_sbxlimit
+def test_opted_out():
+    assert not forked()
+    hog()
+
+@pytest.mark.sbxlimit(memory="1Gi")
+def test_marker_field_overrides_the_default():
+    assert forked()
+    hog()
+    # the other defaults still apply
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 100
+
+@pytest.mark.no_sbxlimit
+class TestOptedOut:
+    def test_in_class(self):
+        assert not forked()
+
+    @pytest.mark.sbxlimit(wall_time="20s")
+    def test_closer_marker_wins(self):
+        assert forked()
+
+@pytest.mark.sbxlimit(wall_time="20s")
+class TestMarked:
+    @pytest.mark.no_sbxlimit
+    def test_opted_out_of_the_class_marker(self):
+        assert not forked()
+"""
+)
+
+
+@pytest.mark.parametrize("switch", ["cli", "env", "ini", "off", "env-0-over-ini"])
+def test_every_test_under_the_defaults(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, switch: str
+) -> None:
+    # --sbxlimit-all (or $SBXLIMIT_ALL, or the ini option) forks every test
+    # under the defaults, as an empty marker would; a marker's field wins,
+    # no_sbxlimit opts out.  Off, an unmarked test runs in the pytest process.
+    every = switch in ("cli", "env", "ini")
+    defaults = "memory=64Mi wall_time=20s open_files=100"
+    inner.makeconftest(ALL_CONFTEST)
+    inner.makepyfile(test_all=ALL)
+    ini = f"[pytest]\nsbxlimit_defaults = {defaults}\n"
+    if switch in ("ini", "env-0-over-ini"):
+        ini += "sbxlimit_all = true\n"
+    inner.makeini(ini)
+    args = ["-p", "no:cacheprovider", "-rA", "-W", "error::pytest.PytestUnknownMarkWarning"]
+    if switch == "cli":
+        args.append("--sbxlimit-all")
+    elif switch == "env":
+        monkeypatch.setenv("SBXLIMIT_ALL", "1")
+    elif switch == "env-0-over-ini":
+        monkeypatch.setenv("SBXLIMIT_ALL", "0")
+    monkeypatch.setenv("EXPECT_ALL", "1" if every else "0")
+    result = inner.runpytest_subprocess(*args)
+    outcomes = {
+        ln.split()[1]: ln.split()[0]
+        for ln in result.outlines
+        if ln.startswith(("PASSED ", "FAILED ", "ERROR "))
+    }
+    hog = "FAILED" if every else "PASSED"
+    assert outcomes == {
+        "test_all.py::test_unmarked": "PASSED",
+        "test_all.py::test_unmarked_hog": hog,
+        "test_all.py::test_opted_out": "PASSED",
+        "test_all.py::test_marker_field_overrides_the_default": "PASSED",
+        "test_all.py::TestOptedOut::test_in_class": "PASSED",
+        "test_all.py::TestOptedOut::test_closer_marker_wins": "PASSED",
+        "test_all.py::TestMarked::test_opted_out_of_the_class_marker": "PASSED",
+    }, result.stdout.str()
+    if every:
+        result.stdout.fnmatch_lines(
+            [
+                "*_ test_unmarked_hog _*",
+                "*sbxlimit: the test body hit its memory limit of 64.0 MiB*",
+            ]
+        )
+        result.stdout.fnmatch_lines(
+            ["sbxlimit: every test body forked (*); defaults: ini option sbxlimit_defaults*"]
+        )
+    else:
+        assert "every test body forked" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        (
+            "bare",
+            "ERROR: --sbxlimit-all: no default limits or policy to put every test under; "
+            "set them with --sbxlimit-defaults 'memory=1Gi wall_time=60s', *",
+        ),
+        (
+            "none",
+            "ERROR: environment variable SBXLIMIT_ALL: no default limits or policy to put *",
+        ),
+        (
+            "env",
+            "ERROR: environment variable SBXLIMIT_ALL: expected true or false * (got 'maybe')",
+        ),
+        ("ini", "ERROR: ini option sbxlimit_all in *tox.ini: *'maybe'*"),
+    ],
+    ids=["bare", "none", "env", "ini"],
+)
+def test_every_test_needs_defaults(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, where: str, expected: str
+) -> None:
+    # A switch with nothing to apply is refused, as is a switch that is
+    # neither on nor off.
+    inner.makepyfile("def test_nothing(): pass")
+    args = ["-p", "no:cacheprovider"]
+    if where == "bare":
+        args.append("--sbxlimit-all")
+    elif where == "none":
+        monkeypatch.setenv("SBXLIMIT_ALL", "yes")
+        args += ["--sbxlimit-defaults", "memory=none"]
+    elif where == "env":
+        monkeypatch.setenv("SBXLIMIT_ALL", "maybe")
+    else:
+        inner.makeini("[pytest]\nsbxlimit_all = maybe\n")
+    result = inner.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([expected])
