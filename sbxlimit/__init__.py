@@ -13,7 +13,9 @@ from subprocess import DEVNULL, PIPE, STDOUT, CalledProcessError, SubprocessErro
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._config import load_config
     from ._doctor import Check, Report, doctor
+    from ._enforcement import Enforcement, Mechanism
     from ._errors import (
         CallTimeout,
         ConcurrencyLimited,
@@ -22,7 +24,9 @@ if TYPE_CHECKING:
         LimitExceeded,
         QuotaExceeded,
         RateLimited,
+        RunTimeout,
         SandboxSetupError,
+        UnknownFieldError,
         UnsupportedError,
     )
     from ._evidence import Usage
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
     from ._quota import Quota
     from ._run import SandboxResult, run
     from ._spawn import STEPS
-    from ._termination import LIMIT_REASONS, REASONS, Termination
+    from ._termination import LIMIT_REASONS, REASONS, Reason, Termination
     from .gate import Gate, GateCall, GateStats
 
 # Names load on first use (PEP 562): `import sbxlimit` -- and the pytest
@@ -42,6 +46,9 @@ _LAZY = {
     "Check": "_doctor",
     "Report": "_doctor",
     "doctor": "_doctor",
+    "load_config": "_config",
+    "Enforcement": "_enforcement",
+    "Mechanism": "_enforcement",
     "CallTimeout": "_errors",
     "ConcurrencyLimited": "_errors",
     "ConfigError": "_errors",
@@ -49,7 +56,9 @@ _LAZY = {
     "LimitExceeded": "_errors",
     "QuotaExceeded": "_errors",
     "RateLimited": "_errors",
+    "RunTimeout": "_errors",
     "SandboxSetupError": "_errors",
+    "UnknownFieldError": "_errors",
     "UnsupportedError": "_errors",
     "Gate": "gate",
     "GateCall": "gate",
@@ -63,6 +72,7 @@ _LAZY = {
     "STEPS": "_spawn",
     "LIMIT_REASONS": "_termination",
     "REASONS": "_termination",
+    "Reason": "_termination",
     "Termination": "_termination",
     "Usage": "_evidence",
 }
@@ -104,25 +114,31 @@ __all__ = [
     "Check",
     "ConcurrencyLimited",
     "ConfigError",
+    "Enforcement",
     "Error",
     "Gate",
     "GateCall",
     "GateStats",
     "LimitExceeded",
     "Limits",
+    "Mechanism",
     "Policy",
     "Popen",
     "Quota",
     "QuotaExceeded",
     "RateLimited",
+    "Reason",
     "Report",
+    "RunTimeout",
     "SandboxResult",
     "SandboxSetupError",
     "SubprocessError",
     "Termination",
     "TimeoutExpired",
+    "UnknownFieldError",
     "UnsupportedError",
     "Usage",
     "doctor",
+    "load_config",
     "run",
 ]

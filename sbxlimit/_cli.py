@@ -15,14 +15,17 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
+from . import __version__
+from ._config import load_config
 from ._doctor import _isatty_color, doctor
 from ._errors import ConfigError, SandboxSetupError, UnsupportedError
 from ._gc import collect
@@ -30,51 +33,112 @@ from ._limits import Limits
 from ._monitor import signal_tree
 from ._policy import Policy
 from ._popen import Popen
-from ._settings import build, flag_value, manifest_limits
+from ._settings import (
+    LIMIT_FIELDS,
+    SettingsError,
+    build,
+    field_help,
+    field_value,
+    from_text,
+    manifest_defaulted,
+    manifest_limits,
+)
+from ._units import format_bytes, format_seconds
 
 __all__ = ["main", "main_entry"]
 
 EXIT_LIMIT, EXIT_SETUP, EXIT_NOEXEC, EXIT_NOTFOUND, EXIT_USAGE = 124, 125, 126, 127, 2
+# The --json document's format (sbxlimit/schemas/run-result.schema.json):
+# raised when a field changes meaning or goes away, not when one is added.
+JSON_VERSION = 1
 
 _RUN_EXAMPLES = """\
 examples:
-  sbxlimit run --memory 256Mi --timeout 30s -- python3 tool.py
+  sbxlimit run --memory 256Mi --wall-time 30s -- python3 tool.py
   sbxlimit run --cpu-time 10s --output 1Mi --json -- ./untrusted --flag
-  sbxlimit run --manifest tool.json --pids 64 -- node server.js
+  sbxlimit run --deny-network --workdir . -- python3 script.py
+  sbxlimit run --manifest tool.json --pids 64 --explain -- node server.js
+
+defaults: sbxlimit.toml or pyproject.toml [tool.sbxlimit] (here or in a
+parent; --config FILE, --no-config), then SBXLIMIT_<FIELD> variables
+(SBXLIMIT_MEMORY=256Mi), then --manifest, then these flags.
 
 exit status: the program's own; 128+N if signal N ended it; 124 if a limit
 ended it (reason on stderr); 125 sandbox setup failed; 126 cannot execute;
 127 not found; 2 bad arguments.
 """
 
-# (flag, Limits field, help)
-_LIMIT_FLAGS = (
-    ("--memory", "memory", "bytes the sandbox may use, e.g. 256Mi"),
-    ("--cpu-time", "cpu_time", "CPU seconds, e.g. 10s"),
-    ("--cpu", "cpu", "CPU rate in cores or millicores, e.g. 500m"),
-    ("--pids", "pids", "processes + threads"),
-    ("--open-files", "open_files", "file descriptors per process"),
-    ("--file-size", "file_size", "largest file written, e.g. 10Mi"),
-    ("--disk", "disk", "bytes in the workspace, e.g. 1Gi"),
-    ("--timeout", "wall_time", "wall-clock time, e.g. 30s"),
-    ("--output", "output", "bytes of stdout and of stderr passed on, e.g. 1Mi"),
-    ("--kill-grace", "kill_grace", "seconds between SIGTERM and SIGKILL (default 5)"),
-)
-# (flag, Policy field): repeatable paths
-_PATH_FLAGS = (
-    ("--writable", "writable_roots"),
-    ("--deny-read", "deny_read"),
-    ("--deny-write", "deny_write"),
-    ("--unix-socket", "unix_sockets"),
-)
-_UNIX_SOCKET_HELP = (
-    "a Unix socket the program may connect to (macOS refuses the others; repeatable)"
-)
+
+class _Flag(NamedTuple):
+    """How one Limits or Policy field is given on the command line."""
+
+    flags: tuple[str, ...]  # the first is the name; the others are aliases
+    metavar: str | None = None
+    kind: str = "value"  # value | switch | list (repeatable) | paths | choice
+    choices: tuple[str, ...] = ()
+    help: str | None = None  # else the field's first sentence in its docstring
+
+
+# Every Limits and Policy field has its flag here (tests check that none is
+# missing); the help comes from the dataclasses' docstrings.
+_FLAGS: dict[str, _Flag] = {
+    "memory": _Flag(("--memory",), "SIZE"),
+    "cpu_time": _Flag(("--cpu-time",), "DURATION"),
+    "cpu": _Flag(("--cpu",), "CORES"),
+    "pids": _Flag(("--pids",), "N"),
+    "open_files": _Flag(("--open-files",), "N"),
+    "file_size": _Flag(("--file-size",), "SIZE"),
+    "disk": _Flag(("--disk",), "SIZE"),
+    "wall_time": _Flag(("--wall-time",), "DURATION"),
+    "output": _Flag(("--output",), "SIZE"),
+    "kill_grace": _Flag(("--kill-grace",), "DURATION"),
+    "address_space": _Flag(("--address-space",), "SIZE"),
+    "truncate_output": _Flag(("--truncate-output",), kind="switch"),
+    "tolerate": _Flag(("--tolerate",), "LIMITS", "list"),
+    "workdir": _Flag(
+        ("--workdir",),
+        "DIR",
+        help="run in DIR and let the program write there (its workspace); default: a "
+        "private temporary workspace for writes and TMPDIR, the program starting here",
+    ),
+    "keep_workdir": _Flag(("--keep-workdir",), kind="switch"),
+    "writable_roots": _Flag(("--writable",), "PATH", "paths"),
+    "deny_read": _Flag(("--deny-read",), "PATH", "paths"),
+    "deny_write": _Flag(("--deny-write",), "PATH", "paths"),
+    "protect_dotfiles": _Flag(("--protect-dotfiles",), kind="switch"),
+    "network": _Flag(("--network",), kind="choice", choices=("allow", "deny", "proxy")),
+    "proxy_ports": _Flag(("--proxy-port",), "PORT", "list"),
+    "unix_sockets": _Flag(("--unix-socket",), "PATH", "paths"),
+    "env": _Flag(
+        ("--env",),
+        "NAMES",
+        "list",
+        help="'sanitize' (default: LD_* and DYLD_* dropped), or names of the only "
+        "variables the program gets (comma-separated, repeatable)",
+    ),
+    "drop_secrets": _Flag(("--drop-secrets",), kind="switch"),
+    "harden": _Flag(("--harden",), kind="switch"),
+    "isolate_pids": _Flag(("--isolate-pids",), kind="switch"),
+    "capabilities": _Flag(("--capability",), "CAP", "list"),
+    "terminal": _Flag(("--terminal",), kind="switch"),
+    "strict": _Flag(
+        ("--strict",),
+        kind="switch",
+        help="refuse to run (exit 125) if anything asked for cannot be enforced here",
+    ),
+}
+# The path flags the seatbelt-profile command shares with run.
+_PATH_FLAGS = tuple((f.flags[0], field) for field, f in _FLAGS.items() if f.kind == "paths")
 
 
 class _Parser(argparse.ArgumentParser):
+    # Set by main() when --json was asked for: errors become a JSON document too.
+    json_to: str | None = None
+
     def error(self, message: str) -> NoReturn:
         # One clear line and exit 2, argparse style, without the usage dump.
+        if self.json_to is not None:
+            _emit_json(self.json_to, _error_doc(EXIT_USAGE, "usage", message))
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
@@ -83,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="sbxlimit",
         description="Run programs under enforced resource limits and a sandbox.",
     )
+    p.add_argument("--version", action="version", version=f"sbxlimit {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     d = sub.add_parser("doctor", help="what this machine can enforce (exit 1 if not all)")
@@ -95,39 +160,76 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_RUN_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    for flag, field, text in _LIMIT_FLAGS:
-        r.add_argument(flag, dest=field, metavar="VALUE", help=text)
-    r.add_argument(
-        "--truncate-output", action="store_true", help="past --output, discard instead of kill"
+    docs = field_help()
+    groups = {
+        "limits": r.add_argument_group("limits (what the sandbox may use)"),
+        "policy": r.add_argument_group("policy (what the sandbox may touch)"),
+    }
+    for field, f in _FLAGS.items():
+        group = groups["limits" if field in LIMIT_FIELDS else "policy"]
+        text = f.help or docs[field]
+        if f.kind == "switch":
+            group.add_argument(
+                *f.flags, dest=field, action=argparse.BooleanOptionalAction, help=text
+            )
+        elif f.kind == "choice":
+            group.add_argument(*f.flags, dest=field, choices=f.choices, help=text)
+        elif f.kind in ("list", "paths"):
+            group.add_argument(*f.flags, dest=field, action="append", metavar=f.metavar, help=text)
+        else:
+            group.add_argument(*f.flags, dest=field, metavar=f.metavar, help=text)
+    policy = groups["policy"]
+    policy.add_argument(
+        "--deny-network", action="store_true", help="no network access (--network deny)"
     )
-    r.add_argument(
-        "--tolerate",
-        metavar="LIMITS",
-        help="comma-separated limits (memory, pids, disk) whose refusals do not end the "
-        "sandbox: the program sees EAGAIN/ENOSPC and may go on",
+    policy.add_argument(
+        "--cwd",
+        metavar="DIR",
+        help="start the program in DIR (default: here); with a "
+        "policy it is read-only unless it is the --workdir or under a --writable path",
     )
-    r.add_argument("--deny-network", action="store_true", help="no network access")
-    _add_path_flags(r, unix_socket_help=_UNIX_SOCKET_HELP)
-    r.add_argument(
-        "--terminal",
+    # The old name of --wall-time: it read as run(timeout=), which is the
+    # caller's wait and raises; this ends the sandbox with a verdict.
+    r.add_argument("--timeout", dest="timeout_alias", metavar="DURATION", help=argparse.SUPPRESS)
+
+    c = r.add_argument_group("configuration and output")
+    c.add_argument(
+        "--manifest",
+        metavar="FILE",
+        help="JSON manifest with resources and "
+        "execution_limits (sbxlimit/schemas/manifest.schema.json)",
+    )
+    cfg = c.add_mutually_exclusive_group()
+    cfg.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file of default fields "
+        "(default: the nearest sbxlimit.toml or pyproject.toml [tool.sbxlimit])",
+    )
+    cfg.add_argument(
+        "--no-config",
         action="store_true",
-        help="with a policy, keep this terminal for the program (its session, job control, "
-        "Ctrl-C); by default a sandbox gets a session of its own",
+        help="read no config file and no SBXLIMIT_<FIELD> variables",
     )
-    r.add_argument(
-        "--strict",
+    c.add_argument(
+        "--explain",
         action="store_true",
-        help="refuse to run if anything asked for cannot be enforced",
+        help="print the effective limits and policy, where each came from and what would "
+        "hold it here, then exit without running",
     )
-    r.add_argument(
-        "--manifest", metavar="FILE", help="JSON manifest with resources and execution_limits"
-    )
-    r.add_argument(
+    c.add_argument(
         "--json",
         nargs="?",
         const="-",
         metavar="FILE",
-        help="print usage, termination and enforced as JSON: to FILE, else as stdout's last line",
+        help="print one JSON object (usage, termination, enforced, effective settings; or "
+        "the error): to FILE, else as stdout's last line",
+    )
+    c.add_argument(
+        "--progress",
+        action="store_true",
+        help="on a terminal: a live status line (memory, CPU, tasks) while it runs, and a "
+        "summary table at the end",
     )
     r.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
@@ -146,7 +248,8 @@ def _parser() -> argparse.ArgumentParser:
         help="only loopback to PORT (repeatable)",
     )
     sb.add_argument("--workspace", metavar="PATH", help="the sandbox's writable workspace")
-    _add_path_flags(sb, unix_socket_help=None)
+    for flag, field in _PATH_FLAGS:
+        sb.add_argument(flag, dest=field, action="append", default=[], metavar="PATH")
     sb.add_argument(
         "--no-protect-dotfiles", action="store_true", help="allow writes to shell/git dotfiles"
     )
@@ -156,22 +259,38 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_path_flags(p: argparse.ArgumentParser, *, unix_socket_help: str | None) -> None:
-    for flag, field in _PATH_FLAGS:
-        text = unix_socket_help if flag == "--unix-socket" else None
-        p.add_argument(flag, dest=field, action="append", default=[], metavar="PATH", help=text)
+def _json_target(argv: Sequence[str]) -> str | None:
+    """Where `run --json` goes, read before parsing, so that a parse error
+    is a JSON document too; None without --json."""
+    args = list(argv)
+    if "--" in args:
+        args = args[: args.index("--")]
+    if not args or args[0] != "run":
+        return None
+    for i, a in enumerate(args):
+        if a.startswith("--json="):
+            return a.split("=", 1)[1]
+        if a == "--json":
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            return "-" if nxt is None or nxt.startswith("-") else nxt
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command == "doctor":
-        return _doctor(args)
-    if args.command == "gc":
-        return _gc(args)
-    if args.command == "seatbelt-profile":
-        return _seatbelt_profile(args)
-    return _run(parser, args)
+    _Parser.json_to = _json_target(argv)
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "doctor":
+            return _doctor(args)
+        if args.command == "gc":
+            return _gc(args)
+        if args.command == "seatbelt-profile":
+            return _seatbelt_profile(args)
+        return _run(parser, args)
+    finally:
+        _Parser.json_to = None
 
 
 def _seatbelt_profile(args: argparse.Namespace) -> int:
@@ -208,38 +327,142 @@ def _gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def _settings(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[Limits | None, Policy | None]:
-    """Limits and Policy from --manifest, then the limit flags over it, and
-    the policy flags; a bad value is a ConfigError naming its flag (or the
-    manifest's JSON path)."""
+class _Effective(NamedTuple):
+    """The run's settings: values, where each came from, and what they make."""
+
+    values: dict[str, Any]
+    sources: dict[str, str]
+    limits: Limits | None
+    policy: Policy | None
+
+
+def _settings(args: argparse.Namespace) -> _Effective:
+    """Limits and Policy from the config file and SBXLIMIT_<FIELD>
+    variables, then --manifest, then the flags, field by field; a bad
+    value is a ConfigError naming where it came from (the flag, the
+    variable, the file, the manifest's JSON path)."""
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def put(field: str, value: Any, source: str) -> None:
+        values[field], sources[field] = value, source
+
+    if not args.no_config:
+        config = load_config(args.config)
+        for field, value in config.values.items():
+            put(field, value, config.sources[field])
     if args.manifest:
         try:
-            with open(args.manifest) as f:
-                manifest = json.load(f)
+            with open(args.manifest) as mf:
+                manifest = json.load(mf)
         except (OSError, ValueError) as e:
-            parser.error(f"--manifest {args.manifest}: {e}")
-        values = manifest_limits(manifest)
-    for flag, field, _help in _LIMIT_FLAGS:
-        v = getattr(args, field)
-        if v is not None:
-            values[field] = flag_value(flag, field, v)
-    if args.truncate_output:
-        values["truncate_output"] = True
-    if args.tolerate:
-        values["tolerate"] = flag_value("--tolerate", "tolerate", args.tolerate)
+            raise SettingsError(f"--manifest {args.manifest}", str(e)) from None
+        defaulted = manifest_defaulted(manifest)
+        for field, value in manifest_limits(manifest).items():
+            put(field, value, "--manifest (default)" if field in defaulted else "--manifest")
+    if args.timeout_alias is not None:
+        if args.wall_time is not None:
+            raise SettingsError("--timeout", "is the old name of --wall-time: give one")
+        args.wall_time = args.timeout_alias
+        warnings.warn(
+            "--timeout is now --wall-time (the sandbox's wall-clock limit)",
+            DeprecationWarning,
+            stacklevel=1,
+        )
     if args.deny_network:
-        values["network"] = "deny"
-    for _flag, field in _PATH_FLAGS:
-        if getattr(args, field):
-            values[field] = [os.path.abspath(p) for p in getattr(args, field)]
-    if args.terminal:
-        values["terminal"] = True
-    if args.strict:
-        values["strict"] = True
-    return build(values)
+        if args.network not in (None, "deny"):
+            raise SettingsError("--deny-network", f"contradicts --network {args.network}")
+        args.network = "deny"
+    for field, f in _FLAGS.items():
+        given = getattr(args, field)
+        if given is None:
+            continue
+        flag = f.flags[0]
+        if field == "network" and args.deny_network:
+            flag = "--deny-network"
+        elif field == "wall_time" and args.timeout_alias is not None:
+            flag = "--timeout"
+        if f.kind == "paths":
+            put(field, tuple(_rule_path(flag, p) for p in given), flag)
+            continue
+        if f.kind == "list":
+            given = ",".join(i for text in given for i in text.split(",") if i)
+        elif field == "workdir":
+            given = os.path.abspath(given)
+        try:
+            value = from_text(field, given) if isinstance(given, str) else given
+            put(field, None if value is None else field_value(field, value), flag)
+        except ConfigError as e:
+            raise SettingsError(f"{flag} {given}", e.problem, given) from None
+    limits, policy = build(values)
+    return _Effective(values, sources, limits, policy)
+
+
+def _rule_path(flag: str, path: str) -> str:
+    """A file rule's path: absolute, as Policy takes it.  A relative one is
+    refused rather than guessed (this shell's directory, or the program's?)."""
+    if not os.path.isabs(path):
+        raise SettingsError(
+            f"{flag} {path}",
+            f"a relative path: give it absolute ({os.path.abspath(path)} from here)",
+            path,
+        )
+    return path
+
+
+def _check_paths(policy: Policy | None) -> list[str]:
+    """What the CLI says about rule paths that do not exist: a --writable
+    one can hold nothing (refused); a deny rule still hides what appears
+    there later, but is often a typo (a warning)."""
+    if policy is None:
+        return []
+    for path in policy.writable_roots:
+        if not os.path.exists(path):
+            raise SettingsError(f"--writable {path}", "does not exist", path)
+    return [
+        f"{flag} {path}: does not exist (a file made there later stays hidden)"
+        for flag, field in (("--deny-read", "deny_read"), ("--deny-write", "deny_write"))
+        for path in getattr(policy, field)
+        if not os.path.lexists(path)
+    ]
+
+
+def _explain(eff: _Effective, cmd: Sequence[str]) -> str:
+    """The effective settings, their sources, and what holds each here."""
+    from ._cgroup import discover
+    from ._plan import plan
+
+    lines = [f"command: {shlex.join(cmd)}"]
+    for title, obj in (("limits", eff.limits), ("policy", eff.policy)):
+        if obj is None:
+            lines.append(f"{title}: none")
+            continue
+        lines.append(f"{title}:")
+        default = type(obj)().to_dict()
+        for name, value in obj.to_dict().items():
+            if name not in eff.sources and value == default[name]:
+                continue
+            source = eff.sources.get(name, "default")
+            lines.append(f"  {name:<17} {_shown(name, value):<24} {source}")
+    if eff.limits is not None or eff.policy is not None:
+        held = plan(eff.limits, eff.policy, uid=os.geteuid(), site=discover()).enforced
+        lines.append("held by (on this machine):")
+        lines += [f"  {name:<17} {how}" for name, how in held.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _shown(name: str, value: Any) -> str:
+    if value is None:
+        return "unlimited" if name in LIMIT_FIELDS else "automatic"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if name in ("memory", "file_size", "disk", "output", "address_space"):
+        return format_bytes(value)
+    if name in ("cpu_time", "wall_time", "kill_grace"):
+        return format_seconds(value)
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "(none)"
+    return str(value)
 
 
 @contextlib.contextmanager
@@ -273,26 +496,66 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         parser.error("missing command: sbxlimit run [options] -- CMD [ARGS...]")
-    try:
-        limits, policy = _settings(parser, args)
-    except ConfigError as e:
-        parser.error(str(e))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        try:
+            eff = _settings(args)
+            notes = _check_paths(eff.policy)
+        except ConfigError as e:
+            parser.error(str(e))
+    for w in caught:
+        print(f"sbxlimit: warning: {w.message}", file=sys.stderr)
+    for note in notes:
+        print(f"sbxlimit: warning: {note}", file=sys.stderr)
+    if args.explain:
+        text = _explain(eff, cmd)
+        if args.json is not None:
+            _emit_json(args.json, {"version": JSON_VERSION, **_settings_doc(eff), "explain": text})
+        else:
+            print(text, end="")
+        return 0
+    # The program starts here, as with any command runner, unless told
+    # otherwise; a policy's private workspace is then its TMPDIR and the
+    # place it may write.
+    cwd = os.path.abspath(args.cwd) if args.cwd else None
+    if cwd is None and (eff.policy is None or eff.policy.workdir is None):
+        cwd = os.getcwd()
+    if cwd is not None and not os.path.isdir(cwd):
+        parser.error(f"--cwd {args.cwd}: not a directory")
+
+    def fail(status: int, kind: str, message: str) -> int:
+        print(f"sbxlimit: {message}", file=sys.stderr)
+        if args.json is not None:
+            _emit_json(args.json, _error_doc(status, kind, message, cmd, eff))
+        return status
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         try:
-            proc = Popen(cmd, limits=limits or Limits(), policy=policy)
-        except (UnsupportedError, SandboxSetupError) as e:  # before OSError: both can be
-            print(f"sbxlimit: {e}", file=sys.stderr)
-            return EXIT_SETUP
+            proc = Popen(cmd, limits=eff.limits or Limits(), policy=eff.policy, cwd=cwd)
+        except UnsupportedError as e:  # before OSError: both can be
+            lines = "; ".join(f"{k}: {v}" for k, v in e.items.items())
+            return fail(
+                EXIT_SETUP,
+                "unsupported",
+                f"cannot enforce what --strict requires: {lines}. Hint: `sbxlimit doctor` "
+                "shows what this machine supports; without --strict it runs with what it "
+                "can hold.",
+            )
+        except SandboxSetupError as e:
+            return fail(EXIT_SETUP, "setup", str(e))
         except OSError as e:  # from exec: the program itself
-            print(f"sbxlimit: {cmd[0]}: {e.strerror}", file=sys.stderr)
-            return EXIT_NOTFOUND if isinstance(e, FileNotFoundError) else EXIT_NOEXEC
+            missing = isinstance(e, FileNotFoundError)
+            return fail(
+                EXIT_NOTFOUND if missing else EXIT_NOEXEC,
+                "not_found" if missing else "not_executable",
+                f"{cmd[0]}: {e.strerror}",
+            )
     for w in caught:
         text = str(w.message).removeprefix("sbxlimit: ")
         print(f"sbxlimit: warning: {text}", file=sys.stderr)
 
-    grace = limits.kill_grace if limits else 5.0
+    grace = eff.limits.kill_grace if eff.limits else 5.0
     stopping = threading.Event()
 
     def forward(signum: int, _frame: Any) -> None:
@@ -307,44 +570,136 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     handlers = {
         s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     }
+    progress = args.progress and _drawable(sys.stderr)
     try:
-        with _foreground(proc.pid):
+        with _foreground(proc.pid), _progress(proc, eff.limits, progress):
             proc.wait()
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
 
+    # The workspace goes now (kept with --keep-workdir: then its path is in
+    # --json), not at interpreter exit.
+    proc.close()
     t = proc.termination
     assert t is not None
     if t.is_limit:
         print(f"sbxlimit: {t.message}", file=sys.stderr)
+        if eff.sources.get(t.reason) == "--manifest (default)":
+            print(
+                f"sbxlimit: note: the manifest does not set {t.reason}: this is SPEC section 2's "
+                "default for it (--explain lists what a manifest implies)",
+                file=sys.stderr,
+            )
         status = EXIT_LIMIT
     elif t.signal is not None:
         status = 128 + t.signal
     else:
         status = t.returncode or 0
+    if t.reason in ("exited", "signaled") and "Raise the limit if it is that" in t.message:
+        # It may not have started under a per-process limit: say which.
+        print(f"sbxlimit: note: {t.message.split('. ', 1)[1]}", file=sys.stderr)
+    if status != 0 and status != EXIT_LIMIT:
+        hint = _read_only_hint(proc, eff.policy, cwd)
+        if hint:
+            print(f"sbxlimit: note: {hint}", file=sys.stderr)
+    if progress:
+        print(_summary(proc, eff.limits), file=sys.stderr, end="")
     if args.json is not None:
         doc = {
+            "version": JSON_VERSION,
             "command": os.path.basename(cmd[0]),
             "exit_status": status,
+            "error": None,
             "termination": t.to_dict(),
             "usage": proc.usage().to_dict(),
-            "enforced": proc.enforced,
+            "enforced": dict(proc.enforced),
+            "workspace": proc.workspace,
+            **_settings_doc(eff),
         }
-        text = json.dumps(doc)
-        if args.json == "-":
-            try:
-                sys.stdout.flush()
-                print(text, flush=True)
-            except BrokenPipeError:
-                # Whoever read stdout is gone (`... | head -1`): the status
-                # still says how the program ended.  Point stdout at
-                # /dev/null so that the interpreter's last flush is quiet.
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+        _emit_json(args.json, doc)
     return status
+
+
+def _read_only_hint(proc: Popen, policy: Policy | None, cwd: str | None) -> str:
+    """Why a program that failed may have: with file rules, where it
+    started is read-only unless it is the workdir or under a writable root."""
+    if policy is None or policy.workdir is not None:
+        return ""
+    here = cwd or os.getcwd()
+    if any(here == r or here.startswith(r.rstrip("/") + "/") for r in policy.writable_roots):
+        return ""
+    return (
+        f"the program started in {here}, which is read-only in the sandbox; it may write "
+        f"in its private workspace (its TMPDIR). --workdir {here} "
+        "makes this directory its writable workspace."
+    )
+
+
+@contextlib.contextmanager
+def _progress(proc: Popen, limits: Limits | None, on: bool) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    from ._progress import Progress
+
+    with Progress(proc, sys.stderr, limits=limits):
+        yield
+
+
+def _summary(proc: Popen, limits: Limits | None) -> str:
+    from ._progress import summary
+
+    return summary(proc, limits)
+
+
+def _drawable(stream: Any) -> bool:
+    from ._progress import drawable
+
+    return drawable(stream)
+
+
+def _settings_doc(eff: _Effective) -> dict[str, Any]:
+    return {
+        "limits": eff.limits.to_dict() if eff.limits is not None else None,
+        "policy": eff.policy.to_dict() if eff.policy is not None else None,
+        "sources": dict(eff.sources),
+    }
+
+
+def _error_doc(
+    status: int,
+    kind: str,
+    message: str,
+    cmd: Sequence[str] = (),
+    eff: _Effective | None = None,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "version": JSON_VERSION,
+        "command": os.path.basename(cmd[0]) if cmd else None,
+        "exit_status": status,
+        "error": {"kind": kind, "message": message},
+    }
+    if eff is not None:
+        doc.update(_settings_doc(eff))
+    return doc
+
+
+def _emit_json(target: str, doc: dict[str, Any]) -> None:
+    """One JSON object: to `target`, or as stdout's last line for "-"."""
+    text = json.dumps(doc)
+    if target != "-":
+        with open(target, "w") as f:
+            f.write(text + "\n")
+        return
+    try:
+        sys.stdout.flush()
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Whoever read stdout is gone (`... | head -1`): the status still
+        # says how the program ended.  Point stdout at /dev/null so that
+        # the interpreter's last flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _alive(proc: subprocess.Popen[Any]) -> bool:

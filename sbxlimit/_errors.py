@@ -7,12 +7,14 @@ for :mod:`subprocess` keeps catching what it caught before.
 
 from __future__ import annotations
 
+import difflib
 import os
 import subprocess
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from ._evidence import Usage
     from ._termination import Termination
 
 __all__ = [
@@ -23,7 +25,9 @@ __all__ = [
     "LimitExceeded",
     "QuotaExceeded",
     "RateLimited",
+    "RunTimeout",
     "SandboxSetupError",
+    "UnknownFieldError",
     "UnsupportedError",
 ]
 
@@ -47,6 +51,29 @@ class ConfigError(Error, ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.field, self.value, self.problem))
+
+
+class UnknownFieldError(ConfigError, TypeError):
+    """A field name Limits, Policy or a settings source does not have
+    (``Limits(memroy=...)``, ``{"memroy": ...}``, ``memroy=1Gi``), with the
+    closest names as a hint.  Also a :class:`TypeError`, as Python's own
+    error for an unexpected keyword argument is."""
+
+    def __init__(self, field: str, names: Iterable[str], known: Iterable[str]) -> None:
+        # repr: keys of any type (an int among strs cannot be sorted as is)
+        names = sorted(n if isinstance(n, str) else repr(n) for n in names)
+        known = sorted(known)
+        close = {m for n in names for m in difflib.get_close_matches(n, known, n=2)}
+        hint = f"did you mean {' or '.join(map(repr, sorted(close)))}? " if close else ""
+        what = "field" if len(names) == 1 else "fields"
+        problem = f"unknown {what} {', '.join(map(repr, names))}; {hint}known: {', '.join(known)}"
+        ConfigError.__init__(self, field, names, problem)
+        self.args = (f"{field}: {problem}",)  # the names are in it: no "(got ...)"
+        self.names = names
+        self.known = known
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.field, self.names, self.known))
 
 
 class UnsupportedError(Error):
@@ -206,6 +233,36 @@ class LimitExceeded(Error, subprocess.CalledProcessError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.termination, self.cmd, self.output, self.stderr))
+
+
+class RunTimeout(Error, subprocess.TimeoutExpired):
+    """``run(timeout=)`` expired: the whole tree was killed and reaped first.
+
+    Also a :class:`subprocess.TimeoutExpired`, with ``cmd``, ``timeout``,
+    ``output``/``stdout`` and ``stderr`` (what was captured before the
+    kill); ``termination`` and ``usage`` are the killed sandbox's.  The
+    caller's timeout is not a limit of the sandbox (that is
+    ``Limits.wall_time``): ``termination.reason`` is what the evidence
+    says, ``"signaled"`` (SIGKILL, "kill_tree() was called") unless the
+    program ended on its own, or a limit ended it, just before the kill.
+    """
+
+    def __init__(
+        self,
+        termination: Termination,
+        usage: Usage,
+        cmd: Any,
+        timeout: float,
+        output: Any = None,
+        stderr: Any = None,
+    ) -> None:
+        subprocess.TimeoutExpired.__init__(self, cmd, timeout, output, stderr)
+        self.termination = termination
+        self.usage = usage
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = (self.termination, self.usage, self.cmd, self.timeout, self.output, self.stderr)
+        return (type(self), args)
 
 
 # -- call-level limits (sbxlimit.Gate, SPEC section 7) -------------------------

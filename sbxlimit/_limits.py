@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Never, TypeVar
 
-from ._errors import ConfigError
+from ._errors import ConfigError, UnknownFieldError
 from ._units import (
     parse_bytes,
     parse_count,
@@ -118,7 +118,11 @@ class Limits:
         address_space: Size | None = None,
         truncate_output: bool = False,
         tolerate: Iterable[str] = (),
+        **unknown: Never,
     ) -> None:
+        if unknown:
+            raise UnknownFieldError("Limits", unknown, _FIELD_NAMES)
+
         def put(name: str, value: object) -> None:
             object.__setattr__(self, name, value)
 
@@ -214,6 +218,8 @@ class Limits:
         }
 
 
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Limits))
+
 # Fields that say how, not how much: not limits of their own.
 _KNOBS = ("kill_grace", "truncate_output", "tolerate")
 # Kept from the request when an operator's ceiling clamps it.
@@ -295,10 +301,10 @@ def coerce_fields(cls: type[_T], value: object, arg: str) -> _T | None:
     if value is None or isinstance(value, cls):
         return value
     if isinstance(value, Mapping):
-        unknown = set(value) - {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = set(value) - known
         if unknown:
-            # repr: keys of any type (an int among strs cannot be sorted as is)
-            raise ConfigError(arg, sorted(map(repr, unknown)), f"unknown {cls.__name__} field(s)")
+            raise UnknownFieldError(arg, unknown, known)
         return cls(**value)
     raise ConfigError(
         arg, value, f"expected sbxlimit.{cls.__name__}, a dict of its fields, or None"

@@ -10,9 +10,9 @@ import dataclasses
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Never
 
-from ._errors import ConfigError
+from ._errors import ConfigError, UnknownFieldError
 from ._limits import coerce_fields
 
 __all__ = ["CAPABILITIES", "DOTFILES", "DOTFILES_DARWIN", "Policy"]
@@ -164,7 +164,8 @@ class Policy:
         keep_workdir: leave the private workspace in place after close.
         writable_roots: absolute paths the child may write, besides the
             workspace and a private tmp.
-        deny_read, deny_write: absolute paths the child may not read / write.
+        deny_read: absolute paths the child may not read.
+        deny_write: absolute paths the child may not write.
         protect_dotfiles: deny writes to ~/.bashrc, ~/.zshrc, ~/.profile,
             ~/.gitconfig, ~/.ssh and .git/hooks.
         network: ``"allow"``, ``"deny"`` (Linux: a network namespace with
@@ -243,7 +244,11 @@ class Policy:
         capabilities: Iterable[str] = (),
         terminal: bool = False,
         strict: bool = False,
+        **unknown: Never,
     ) -> None:
+        if unknown:
+            raise UnknownFieldError("Policy", unknown, _FIELD_NAMES)
+
         def put(name: str, value: object) -> None:
             object.__setattr__(self, name, value)
 
@@ -413,6 +418,9 @@ class Policy:
         if self.drop_secrets:
             out = {k: v for k, v in out.items() if not _SECRET_BYTES.search(k)}
         return out
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Policy))
 
 
 def _canonical_link(canon: Any, path: str) -> str:

@@ -13,13 +13,14 @@ naming the field (``Limits.memory``) or JSON path; where the text came from
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
-from ._errors import ConfigError
+from ._errors import ConfigError, UnknownFieldError
 from ._limits import _KNOBS, _ORDER, MANIFEST_DEFAULTS, Limits, limit_value
 from ._policy import Policy
 from ._units import parse_count, parse_rate, parse_seconds
@@ -35,7 +36,7 @@ __all__ = [
     "field_value",
     "flag_value",
     "from_text",
-    "known_fields",
+    "manifest_defaulted",
     "manifest_execution",
     "manifest_limits",
     "object_fields",
@@ -61,9 +62,29 @@ class SettingsError(ConfigError):
         return (type(self), (self.source, self.problem, self.value))
 
 
-def known_fields() -> str:
-    """The field names, for 'unknown field' messages."""
-    return ", ".join(sorted(FIELDS))
+def field_help() -> dict[str, str]:
+    """Each field's first sentence from the ``Fields:`` list of the Limits
+    and Policy docstrings: the CLI's help is written there once."""
+    out: dict[str, str] = {}
+    for cls in (Limits, Policy):
+        doc = (cls.__doc__ or "").split("Fields:", 1)[-1]
+        names: list[str] = []
+        for line in doc.splitlines():
+            m = re.match(r"^ {8}([a-z_]+(?:, [a-z_]+)*): (.*)$", line)
+            if m:
+                names = m.group(1).split(", ")
+                for n in names:
+                    out[n] = m.group(2)
+            elif names and line.startswith(" " * 12):
+                for n in names:
+                    out[n] += " " + line.strip()
+            else:
+                names = []
+    for name, text in out.items():
+        text = re.sub(r":\w+:`([^`]+)`", r"\1", text.replace("``", ""))
+        first = re.split(r"(?<=[^.]\.)\s", text, maxsplit=1)[0]
+        out[name] = first.rstrip(".;:")
+    return out
 
 
 # -- text: FIELD=VALUE words and flag values ------------------------------------
@@ -116,7 +137,7 @@ def from_text(name: str, text: str) -> Any:
     ConfigError names the field when the text is not of its form."""
     form = _FORMS.get(name)
     if form is None:
-        raise ConfigError(name, text, f"unknown field; known: {known_fields()}")
+        raise UnknownFieldError("fields", [name], FIELDS)
     if text.lower() == "none" and name not in _NONE_IS_TEXT:
         return None
     if form.kind == "bool":
@@ -155,7 +176,7 @@ def parse_words(text: str, source: str) -> dict[str, Any]:
                 word,
             )
         if name not in FIELDS:
-            raise SettingsError(source, f"unknown field {name!r}; known: {known_fields()}", name)
+            raise SettingsError(source, UnknownFieldError("fields", [name], FIELDS).problem, name)
         try:
             values[name] = from_text(name, value)
         except ConfigError as e:
@@ -186,7 +207,7 @@ def field_value(name: str, value: Any) -> Any:
     if name in LIMIT_FIELDS:
         return None if value is None else limit_value(name, value)
     if name not in POLICY_FIELDS:
-        raise ConfigError(name, value, f"unknown field; known: {known_fields()}")
+        raise UnknownFieldError("fields", [name], FIELDS)
     companion: dict[str, Any] = {}
     if name == "network" and value == "proxy":
         companion = {"proxy_ports": (1,)}
@@ -327,3 +348,16 @@ def manifest_limits(manifest: Mapping[str, Any]) -> dict[str, Any]:
         values[field] = limit_value(field, entry, path)
     values["wall_time"] = execution.timeout
     return values
+
+
+def manifest_defaulted(manifest: Mapping[str, Any]) -> set[str]:
+    """The Limits fields :func:`manifest_limits` sets from the SPEC defaults
+    because the manifest leaves them out (for saying so: a manifest that
+    sets only memory still limits cpu, disk and wall_time)."""
+    resources = manifest.get("resources", {})
+    execution = manifest.get("execution_limits", {})
+    given = {_RESOURCE_KEYS.get(k) for k in resources} if isinstance(resources, Mapping) else set()
+    out = {f for f in _RESOURCE_DEFAULTS if f not in given}
+    if not isinstance(execution, Mapping) or "max_tool_call_duration" not in execution:
+        out.add("wall_time")
+    return out
