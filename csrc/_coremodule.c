@@ -462,7 +462,7 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
          * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev,
-         * status_fd, reaper, netns_fd):
+         * status_fd, reaper, netns_fd, proxy_port):
          * bytes, b"" for none; view: ((kind, path, data), ...).  The
          * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
@@ -472,13 +472,14 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         const char *reaper;
 
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiKOppiyi;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOppiyii;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
                               "tmpfs_landlock, view, view_ro_root, view_dev, status_fd, reaper, "
-                              "netns_fd)",
+                              "netns_fd, proxy_port)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
                               &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root,
-                              &spec.view_dev, &spec.ns_status_fd, &reaper, &spec.ns_netns_fd))
+                              &spec.view_dev, &spec.ns_status_fd, &reaper, &spec.ns_netns_fd,
+                              &spec.proxy_port))
             goto done;
         spec.ns_reaper = *reaper ? reaper : NULL;
         spec.ns_join_net = spec.ns_netns_fd >= 0;

@@ -52,6 +52,7 @@ static const char *const step_names[SBX_STEP__COUNT] = {
     [SBX_STEP_SIGMASK] = "signals:mask",
     [SBX_STEP_EXEC] = "exec",
     [SBX_STEP_NS_SETNS] = "ns:setns",
+    [SBX_STEP_NS_PROXY] = "ns:proxy",
 };
 
 const char *sbx_step_name(int step)

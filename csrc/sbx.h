@@ -55,6 +55,7 @@ enum sbx_step {
     SBX_STEP_SIGMASK,      /* "signals:mask" */
     SBX_STEP_EXEC,         /* "exec" */
     SBX_STEP_NS_SETNS,     /* "ns:setns" (a network namespace made ahead) */
+    SBX_STEP_NS_PROXY,     /* "ns:proxy" (the proxy's listener on its loopback) */
     SBX_STEP__COUNT
 };
 
@@ -184,6 +185,11 @@ struct sbx_spec {
      * one: ns_flags then lacks CLONE_NEWNET.  A flag of its own, so that
      * a zeroed spec joins nothing. */
     int ns_join_net, ns_netns_fd;
+    /* proxy_port > 0: once in its network namespace, the child listens on
+     * 127.0.0.1:proxy_port there and sends the socket on tmpfs_sock before
+     * anything else; the parent serves it (a socket keeps the namespace it
+     * was made in), so the sandbox's one way out is that proxy. */
+    int proxy_port;
     /* The reaper program (csrc/linux/pid1.c): PID 1 is then a vfork-style
      * child that execs it once the target runs; NULL: PID 1 is fork()ed
      * and reaps in place. */

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -108,6 +109,17 @@ _FLAGS: dict[str, _Flag] = {
     "protect_dotfiles": _Flag(("--protect-dotfiles",), kind="switch"),
     "network": _Flag(("--network",), kind="choice", choices=("allow", "deny", "proxy")),
     "proxy_ports": _Flag(("--proxy-port",), "PORT", "list"),
+    "allow_domains": _Flag(
+        ("--allow-domain",),
+        "NAME",
+        "list",
+        help="a name the program may reach through sbxlimit's filtering proxy, its only way "
+        "out (pypi.org, *.github.com, example.com:443; repeatable, comma-separated); "
+        "implies --network proxy",
+    ),
+    "deny_domains": _Flag(("--deny-domain",), "NAME", "list"),
+    "proxy_connections": _Flag(("--proxy-connections",), "N"),
+    "proxy_bytes": _Flag(("--proxy-bytes",), "SIZE"),
     "unix_sockets": _Flag(("--unix-socket",), "PATH", "paths"),
     "env": _Flag(
         ("--env",),
@@ -373,6 +385,8 @@ def _settings(args: argparse.Namespace) -> _Effective:
         if args.network not in (None, "deny"):
             raise SettingsError("--deny-network", f"contradicts --network {args.network}")
         args.network = "deny"
+    if args.allow_domains and args.network is None:
+        args.network = "proxy"  # the names are only reachable through the proxy
     for field, f in _FLAGS.items():
         given = getattr(args, field)
         if given is None:
@@ -603,6 +617,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         hint = _read_only_hint(proc, eff.policy, cwd)
         if hint:
             print(f"sbxlimit: note: {hint}", file=sys.stderr)
+    refused = sorted({f"{e.host}:{e.port}" for e in proc.network_log() if e.event == "net_denied"})
+    if refused:
+        print(f"sbxlimit: network: refused {', '.join(refused)}", file=sys.stderr)
     if progress:
         print(_summary(proc, eff.limits), file=sys.stderr, end="")
     if args.json is not None:
@@ -615,6 +632,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "usage": proc.usage().to_dict(),
             "enforced": dict(proc.enforced),
             "workspace": proc.workspace,
+            "network": [dataclasses.asdict(e) for e in proc.network_log()],
             **_settings_doc(eff),
         }
         _emit_json(args.json, doc)

@@ -79,6 +79,7 @@ def spawn(
         int,
         bytes,
         int,
+        int,
     ]
     | None,
     cgroup_dirfd: int,

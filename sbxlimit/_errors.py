@@ -113,6 +113,8 @@ _STEP_HINTS = {
     "ns:loopback": "bringing lo up needs CAP_NET_ADMIN in the new network namespace.",
     "ns:setns": "the child could not join the network namespace made for it ahead of time; "
     "a seccomp profile may forbid setns.",
+    "ns:proxy": "the child could not listen for the filtering proxy on its own loopback "
+    "(detail: the port); its network namespace may lack a loopback.",
     "ns:mount": "the workspace's tmpfs needs a mount namespace of the sandbox's own; pass "
     "workdir= to hold disk with the watchdog instead.",
     "ns:pid": "the PID namespace's reaper or the program could not be forked (pids limit?).",

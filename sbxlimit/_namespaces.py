@@ -247,7 +247,7 @@ def plan_network(p: Plan, r: Request) -> None:
     policy = r.policy
     if policy is None or policy.network == "allow":
         return
-    filt = _core.HAS_SECCOMP and _seccomp.seccomp_works()
+    filt = bool(_core.HAS_SECCOMP and _seccomp.seccomp_works())
     abi = p.landlock
     tcp = abi >= 4
     if policy.network == "deny":
@@ -293,6 +293,9 @@ def plan_network(p: Plan, r: Request) -> None:
         p.hold("network", "+".join(held), *notes)
         return
     # proxy
+    if policy.allow_domains:
+        _plan_own_proxy(p, policy, filt)
+        return
     if not (filt and tcp):
         missing = "Landlock TCP rules (ABI 4, Linux 6.7)" if not tcp else "a seccomp filter"
         p.downgrade("network", f"network='proxy' needs {missing}, not available here")
@@ -305,6 +308,41 @@ def plan_network(p: Plan, r: Request) -> None:
         "network",
         f"landlock:abi{abi} tcp connect to {ports}+seccomp:socket (TCP only)",
         "ports are matched, not addresses: keep proxy ports off the outside network",
+    )
+
+
+# Where the filtering proxy listens on the sandbox's own loopback: the
+# namespace is the sandbox's alone, so one port serves every sandbox.
+PROXY_PORT = 3128
+
+
+def _plan_own_proxy(p: Plan, policy: Policy, filt: bool) -> None:
+    """allow_domains: a network namespace with only its loopback, where the
+    child listens for sbxlimit's proxy (_proxy), which the parent serves
+    from its own network: the sandbox's one way out.  Without a namespace
+    nothing here can make the proxy the only way (Landlock matches ports,
+    not addresses, so a program could reach any host on the proxy's port)."""
+    ns = namespaces(CLONE_NEWNET)
+    if not ns.ok:
+        p.downgrade(
+            "network",
+            f"allow_domains needs a network namespace to make the proxy the only way out, and "
+            f"none can be made here ({ns.reason})",
+        )
+        return
+    _take(p, CLONE_NEWNET, ns)
+    p.proxy_port = PROXY_PORT
+    mech = ns.label("netns") + "+supervisor:proxy"
+    if filt:
+        p.seccomp_net = _core.SECCOMP_FAMILIES
+        p.no_new_privs = True
+        mech += "+seccomp:socket families"
+    allowed = ", ".join(policy.allow_domains)
+    p.hold(
+        "network",
+        mech,
+        f"a network namespace of its own: loopback, and sbxlimit's proxy on "
+        f"127.0.0.1:{PROXY_PORT} to {allowed}",
     )
 
 
@@ -493,6 +531,8 @@ class Spawn:
             tmpfs = os.fsencode(workspace)
             opts = f"size={plan.tmpfs_size},mode=0700,uid={owner_uid},gid={owner_gid}".encode()
             mkdir = os.fsencode(os.path.join(workspace, "tmp"))
+        if tmpfs or plan.proxy_port:
+            # The child sends the proxy's listener first, then the tmpfs root.
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._recv = parent
             self.child_end = child.detach()
@@ -525,6 +565,7 @@ class Spawn:
             self.status_w,
             REAPER if flags & CLONE_NEWPID else b"",
             netns,
+            plan.proxy_port,
         )
 
     def take_child_end(self) -> int:
@@ -539,28 +580,19 @@ class Spawn:
         self.status_r = self.status_w = -1
         return ends
 
+    def receive_listener(self) -> int | None:
+        """The proxy's listener the child sent first (plan.proxy_port)."""
+        if self._recv is None:
+            return None
+        return _receive(self._recv)
+
     def receive_fd(self) -> int | None:
         """The workspace's root fd the child sent (it did before execve)."""
         sock, self._recv = self._recv, None
         if sock is None:
             return None
         with sock:
-            try:
-                _msg, anc, _flags, _addr = sock.recvmsg(
-                    1, socket.CMSG_SPACE(array.array("i").itemsize), socket.MSG_DONTWAIT
-                )
-            except BlockingIOError:
-                return None
-        fds = array.array("i")
-        for level, kind, data in anc:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-        for extra in fds[1:]:
-            os.close(extra)
-        if not fds:
-            return None
-        os.set_inheritable(fds[0], False)
-        return fds[0]
+            return _receive(sock)
 
     def close(self) -> None:
         for fd in (self.status_r, self.status_w):
@@ -573,6 +605,27 @@ class Spawn:
         if self.child_end >= 0:
             os.close(self.child_end)
             self.child_end = -1
+
+
+def _receive(sock: socket.socket) -> int | None:
+    """One fd sent on `sock` (SCM_RIGHTS), close-on-exec; None if none is
+    waiting."""
+    try:
+        _msg, anc, _flags, _addr = sock.recvmsg(
+            1, socket.CMSG_SPACE(array.array("i").itemsize), socket.MSG_DONTWAIT
+        )
+    except BlockingIOError:
+        return None
+    fds = array.array("i")
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    for extra in fds[1:]:
+        os.close(extra)
+    if not fds:
+        return None
+    os.set_inheritable(fds[0], False)
+    return fds[0]
 
 
 def fd_path(fd: int) -> str:

@@ -174,6 +174,9 @@ class Plan:
     new_session: bool = False  # setsid: no controlling terminal
 
     seatbelt: bool = False  # macOS (_seatbelt): the policy's profile applies
+    # The filtering proxy (_proxy): the port its listener has on the
+    # sandbox's own loopback (0: none).
+    proxy_port: int = 0
 
     _enforced: dict[str, Enforcement] | None = None
     _downgrades: dict[str, str] | None = None

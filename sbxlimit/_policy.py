@@ -172,7 +172,20 @@ class Policy:
             only its own loopback, else Landlock TCP and seccomp socket
             rules), or ``"proxy"`` (only TCP connects to ``proxy_ports``;
             proxy environment variables set).
-        proxy_ports: loopback TCP ports reachable with ``network="proxy"``.
+        proxy_ports: loopback TCP ports reachable with ``network="proxy"``
+            (a proxy of your own).
+        allow_domains: with ``network="proxy"``, sbxlimit's own filtering
+            proxy is the program's one way out, and these are the names it
+            may reach: ``"pypi.org"``, ``"*.github.com"`` (names below it),
+            ``"example.com:443"`` (that port only), IP addresses and networks
+            (``"203.0.113.7"``, ``"10.0.0.0/8"``).  Names are resolved by
+            the proxy; an IP literal, or a name resolving to a loopback,
+            private or link-local address, is refused unless listed.
+        deny_domains: names (same forms) refused even when allowed.
+        proxy_connections: connections the program may hold open through
+            the proxy at once (default 64).
+        proxy_bytes: bytes through the proxy, both ways, in all; past it
+            connections are cut and new ones refused (default: no cap).
         unix_sockets: absolute paths of Unix-domain sockets the program may
             connect to (macOS: besides the system's logging and
             name-resolution sockets, every other one is refused, whatever
@@ -216,6 +229,10 @@ class Policy:
     protect_dotfiles: bool = True
     network: NetworkMode = "allow"
     proxy_ports: tuple[int, ...] = ()
+    allow_domains: tuple[str, ...] = ()
+    deny_domains: tuple[str, ...] = ()
+    proxy_connections: int = 64
+    proxy_bytes: int | None = None
     unix_sockets: tuple[str, ...] = ()
     env: Literal["sanitize"] | tuple[str, ...] = "sanitize"
     drop_secrets: bool = False
@@ -236,6 +253,10 @@ class Policy:
         protect_dotfiles: bool = True,
         network: NetworkMode = "allow",
         proxy_ports: Iterable[int] = (),
+        allow_domains: Iterable[str] = (),
+        deny_domains: Iterable[str] = (),
+        proxy_connections: int | str = 64,
+        proxy_bytes: int | str | None = None,
         unix_sockets: Iterable[PathArg] = (),
         env: Literal["sanitize"] | Iterable[str] = "sanitize",
         drop_secrets: bool = False,
@@ -261,6 +282,10 @@ class Policy:
             ("protect_dotfiles", protect_dotfiles),
             ("network", network),
             ("proxy_ports", proxy_ports),
+            ("allow_domains", allow_domains),
+            ("deny_domains", deny_domains),
+            ("proxy_connections", proxy_connections),
+            ("proxy_bytes", proxy_bytes),
             ("unix_sockets", unix_sockets),
             ("env", env),
             ("drop_secrets", drop_secrets),
@@ -302,12 +327,25 @@ class Policy:
                 raise ConfigError("Policy.proxy_ports", p, "expected a TCP port 1..65535")
             checked.append(p)
         put("proxy_ports", tuple(sorted(set(checked))))
-        if self.network == "proxy" and not self.proxy_ports:
-            raise ConfigError("Policy.proxy_ports", (), "network='proxy' needs at least one port")
-        if self.network != "proxy" and self.proxy_ports:
+        _domains(self, put)
+        if self.network == "proxy" and not (self.proxy_ports or self.allow_domains):
             raise ConfigError(
-                "Policy.proxy_ports", self.proxy_ports, "only meaningful with network='proxy'"
+                "Policy.proxy_ports",
+                (),
+                "network='proxy' needs allow_domains (sbxlimit's own proxy) or proxy_ports "
+                "(your own)",
             )
+        if self.proxy_ports and self.allow_domains:
+            raise ConfigError(
+                "Policy.proxy_ports",
+                self.proxy_ports,
+                "give allow_domains (sbxlimit's own proxy) or proxy_ports (your own), not both",
+            )
+        for name in ("proxy_ports", "allow_domains", "deny_domains"):
+            if self.network != "proxy" and getattr(self, name):
+                raise ConfigError(
+                    f"Policy.{name}", getattr(self, name), "only meaningful with network='proxy'"
+                )
         env = self.env
         if env != "sanitize":
             if isinstance(env, (str, bytes)) or not isinstance(env, Iterable):
@@ -369,6 +407,8 @@ class Policy:
             ).paths
         root = workspaces_root if workspaces_root is not None else tempfile.gettempdir()
         network = {"allow": 0, "deny": 1, "proxy": 2}[self.network]
+        if self.network == "proxy" and not self.proxy_ports:
+            network = 1  # allow_domains: no proxy on macOS yet, so nothing gets out
         try:
             return _core.seatbelt_profile(
                 workspace=canon(ws) if ws else None,
@@ -421,6 +461,37 @@ class Policy:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Policy))
+
+
+def _domains(policy: Policy, put: Any) -> None:
+    """allow_domains, deny_domains and the proxy's limits, checked: each
+    entry by the proxy's own parser, so that what is accepted here is what
+    it enforces."""
+    from ._units import parse_bytes, parse_count
+
+    for name in ("allow_domains", "deny_domains"):
+        value = getattr(policy, name)
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            raise ConfigError(f"Policy.{name}", value, "expected a list of names")
+        entries = tuple(value)
+        for e in entries:
+            if not isinstance(e, str):
+                raise ConfigError(f"Policy.{name}", e, "expected a name such as 'pypi.org'")
+        put(name, entries)
+    if policy.allow_domains or policy.deny_domains:
+        from ._proxy import Rules
+
+        for name, allow, deny in (
+            ("allow_domains", policy.allow_domains, ()),
+            ("deny_domains", (), policy.deny_domains),
+        ):
+            try:
+                Rules.parse(allow, deny)
+            except ValueError as e:
+                raise ConfigError(f"Policy.{name}", getattr(policy, name), str(e)) from None
+    put("proxy_connections", parse_count("Policy.proxy_connections", policy.proxy_connections))
+    if policy.proxy_bytes is not None:
+        put("proxy_bytes", parse_bytes("Policy.proxy_bytes", policy.proxy_bytes))
 
 
 def _canonical_link(canon: Any, path: str) -> str:

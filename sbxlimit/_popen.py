@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _platform
 from ._enforcement import Enforcement
@@ -33,6 +33,9 @@ from ._quota import Quota
 from ._sandbox import DEFAULT_INTERVAL, Sandbox
 from ._termination import Outcome, Termination, program_name
 from ._units import parse_seconds
+
+if TYPE_CHECKING:
+    from ._proxy import NetEvent
 
 __all__ = ["Popen"]
 
@@ -389,6 +392,14 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         it (``"rlimit:RLIMIT_CPU"``, ``"watchdog:wall_time"``), or
         ``"unenforced: <why>"``: an ``Enforcement`` (held, mechanisms, ...)."""
         return self._sbx.enforced
+
+    def network_log(self) -> list[NetEvent]:
+        """Each connection the program tried through sbxlimit's filtering
+        proxy (``Policy(network="proxy", allow_domains=...)``), in order:
+        ``net_denied`` ones when refused, ``net_allowed`` ones when they
+        ended, with host, port and bytes (never a URL or a header).  Empty
+        without that proxy."""
+        return list(self._sbx.network_log())
 
     def kill_tree(self, grace: float | None = None) -> None:
         """End the program and everything it started, then reap it.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._enforcement import Enforcement
 from ._errors import LimitExceeded, RunTimeout
@@ -13,6 +13,9 @@ from ._limits import Limits
 from ._policy import Policy
 from ._popen import Popen
 from ._termination import Outcome, Termination
+
+if TYPE_CHECKING:
+    from ._proxy import NetEvent
 
 __all__ = ["SandboxResult", "run"]
 
@@ -32,9 +35,11 @@ class SandboxResult(subprocess.CompletedProcess):  # type: ignore[type-arg]
         outcome: Outcome,
         sandbox_id: str | None = None,
         workspace: str | None = None,
+        network: list[NetEvent] | None = None,
     ) -> None:
         super().__init__(args, returncode, stdout, stderr)
         self._outcome = outcome
+        self._network = network or []
         self.sandbox_id = sandbox_id
         # The path only: run() removed the directory before returning,
         # unless keep_workdir.
@@ -49,6 +54,12 @@ class SandboxResult(subprocess.CompletedProcess):  # type: ignore[type-arg]
     def termination(self) -> Termination:
         """How it ended: reason, limit, observed, mechanism, message."""
         return self._outcome.termination()
+
+    @property
+    def network(self) -> list[NetEvent]:
+        """The program's connections through sbxlimit's filtering proxy
+        (``allow_domains``): see :meth:`Popen.network_log`."""
+        return list(self._network)
 
     @property
     def enforced(self) -> dict[str, Enforcement]:
@@ -117,6 +128,7 @@ def run(
         outcome=process._sbx_outcome(),
         sandbox_id=process.sandbox_id,
         workspace=process.workspace,
+        network=process.network_log(),
     )
     if check:
         result.check_returncode()

@@ -30,6 +30,7 @@ import os
 import pwd
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -119,6 +120,7 @@ class Sandbox:
     workspace_dir: str | None = None  # its path, kept after close() for the record
     workspace_removed = False  # close() removed it
     belt: Belt | None = None  # macOS: the profile on its way in
+    proxy: Any = None  # the filtering proxy serving it (_proxy.Served), allow_domains
     cgroup: Cgroup | None = None
     ws_fd = -1  # the size-capped tmpfs over the workspace (mount namespace): its root
     # A PID namespace's PID 1 (our child) writes the target's wait status
@@ -284,7 +286,7 @@ class Sandbox:
         implicit_cwd = cwd is None  # a cwd sbxlimit picks must not move "./prog"
         if p.active and self.policy is not None:
             env = self.policy.filter_env(environ_bytes() if env is None else env)
-            for name, value in proxy_env(self.policy).items():
+            for name, value in proxy_env(self.policy, p.proxy_port).items():
                 put_env(env, name, value)
             if cwd is None and self.policy.workdir is not None:
                 cwd = self.policy.workdir
@@ -441,6 +443,8 @@ class Sandbox:
                 fail_errno,
             )
             if ns is not None and failure is None and pid != 0:
+                if p.proxy_port:
+                    self._serve_proxy(ns.receive_listener())
                 got = ns.receive_fd()  # may be 0: the caller may have closed stdin
                 self.ws_fd = -1 if got is None else got
             reason = None
@@ -498,9 +502,48 @@ class Sandbox:
         self.close_belt()
         if ns is not None:
             ns.close()  # idempotent: the sockets of a spawn that did not happen
+        self.stop_proxy()
         if self.workspace is not None:
             _workspace.remove(self.workspace)
             self.workspace = self.workspace_dir = None
+
+    # -- the filtering proxy (allow_domains) ------------------------------------
+
+    def _serve_proxy(self, fd: int | None) -> None:
+        """Serve the listener the child made on its own loopback: from here
+        on, the program's connections out are the proxy's to allow."""
+        from . import _proxy
+
+        if fd is None:  # it passed the step, so it sent one: a broken channel
+            raise setup_error("ns:proxy", errno.EIO, self.plan.proxy_port)
+        sock = socket.socket(fileno=fd)
+        policy = self.policy
+        assert policy is not None
+        rules = _proxy.Rules.parse(policy.allow_domains, policy.deny_domains)
+        limits = _proxy.ProxyLimits(connections=policy.proxy_connections, bytes=policy.proxy_bytes)
+        self.proxy = _proxy.shared().serve(self.id, sock, rules, limits, self._net_event)
+
+    def _net_event(self, ev: Any) -> None:
+        if audit.active():
+            audit.emit(
+                ev.event,
+                host=ev.host,
+                port=ev.port,
+                field="network",
+                mechanism=f"proxy:{ev.protocol}",
+                detail=ev.reason,
+                observed=ev.bytes_up + ev.bytes_down,
+                **self.audit_fields(),
+            )
+
+    def stop_proxy(self) -> None:
+        """No more connections out: the program has ended (what it left
+        running in its namespace must not go on using the proxy)."""
+        if self.proxy is not None:
+            self.proxy.close()
+
+    def network_log(self) -> list[Any]:
+        return self.proxy.events() if self.proxy is not None else []
 
     def run_target(
         self, parent_ends: tuple[int, ...], redirected: tuple[bool, bool, bool]
@@ -818,9 +861,11 @@ class Sandbox:
         get_monitor().retire(cg)
 
     def exited(self, returncode: int) -> None:
-        """The exit status is known: give the room back, tell the audit."""
+        """The exit status is known: give the room back, close the way out,
+        tell the audit."""
         if self.quota is not None:
             self.release_quota()
+        self.stop_proxy()
         if self.plan.active and audit.active():
             t = self.outcome(returncode, created=True).termination()
             f = self.audit_fields()

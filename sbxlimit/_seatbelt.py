@@ -148,14 +148,26 @@ def terminal_devices(fds: Sequence[int]) -> list[str]:
     return sorted(set(out))
 
 
-def proxy_env(policy: Policy) -> dict[str, str]:
-    """The proxy variables for network="proxy" (first port), in both cases
-    since tools read either."""
-    if policy.network != "proxy" or not policy.proxy_ports:
+def proxy_env(policy: Policy, own_port: int = 0) -> dict[str, str]:
+    """The proxy variables for network="proxy" (your first port, or
+    sbxlimit's own proxy on `own_port`, which also speaks SOCKS5 with names
+    resolved on its side), in both cases since tools read either.  None for
+    allow_domains where nothing serves it (unenforced): the port would be
+    whatever listens on the host's loopback."""
+    if policy.network != "proxy":
         return {}
-    url = f"http://127.0.0.1:{policy.proxy_ports[0]}"
-    names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-    return {**{n: url for n in names}, **{n.lower(): url for n in names}}
+    if policy.allow_domains:
+        if not own_port:
+            return {}
+        http, every = f"http://127.0.0.1:{own_port}", f"socks5h://127.0.0.1:{own_port}"
+        env = {"HTTP_PROXY": http, "HTTPS_PROXY": http, "ALL_PROXY": every}
+        env["NO_PROXY"] = "localhost,127.0.0.1,::1"  # the sandbox's own loopback
+    elif policy.proxy_ports:
+        url = f"http://127.0.0.1:{policy.proxy_ports[0]}"
+        env = dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"), url)
+    else:
+        return {}
+    return {**env, **{n.lower(): v for n, v in env.items()}}
 
 
 _SEATBELT = "seatbelt:sandbox_init"
@@ -186,7 +198,15 @@ def plan_seatbelt(p: Plan, r: Request) -> None:
         "written",
     )
     for field in asked:
-        if field != "files":
+        if field == "network" and policy.allow_domains:
+            # Fail closed: the profile refuses every connection out.
+            p.hold(
+                field,
+                _SEATBELT,
+                "allow_domains needs sbxlimit's filtering proxy, which runs on Linux only so "
+                "far: every connection out is refused, none of the names is reachable",
+            )
+        elif field != "files":
             p.hold(field, _SEATBELT)
     sockets = ", ".join(policy.unix_sockets) if policy.unix_sockets else "none"
     p.hold(

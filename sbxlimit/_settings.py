@@ -211,8 +211,10 @@ def field_value(name: str, value: Any) -> Any:
     companion: dict[str, Any] = {}
     if name == "network" and value == "proxy":
         companion = {"proxy_ports": (1,)}
-    elif name == "proxy_ports":
+    elif name in ("proxy_ports", "allow_domains"):
         companion = {"network": "proxy"}
+    elif name == "deny_domains":
+        companion = {"network": "proxy", "allow_domains": ("example.invalid",)}
     return getattr(Policy(**{name: value}, **companion), name)
 
 

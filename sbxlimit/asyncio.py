@@ -31,7 +31,7 @@ import signal
 import subprocess
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._enforcement import Enforcement
 from ._errors import ConfigError, RunTimeout
@@ -43,6 +43,9 @@ from ._quota import Quota
 from ._run import SandboxResult
 from ._termination import Termination
 from ._units import parse_seconds
+
+if TYPE_CHECKING:
+    from ._proxy import NetEvent
 
 __all__ = ["Process", "create_subprocess_exec", "create_subprocess_shell", "run"]
 
@@ -221,6 +224,10 @@ class Process:
     @property
     def enforced(self) -> dict[str, Enforcement]:
         return self._popen.enforced
+
+    def network_log(self) -> list[NetEvent]:
+        """As :meth:`sbxlimit.Popen.network_log`."""
+        return self._popen.network_log()
 
     @property
     def sandbox_id(self) -> str:
@@ -430,6 +437,7 @@ async def run(
         outcome=p._sbx_outcome(),
         sandbox_id=proc.sandbox_id,
         workspace=proc.workspace,
+        network=proc.network_log(),
     )
     if check:
         result.check_returncode()

@@ -42,6 +42,8 @@ EVENT_NAMES = (
     "degraded",
     "gate_denied",
     "quota_denied",
+    "net_allowed",
+    "net_denied",
 )
 logger = logging.getLogger("sbxlimit.audit")
 # A library's logger: silent unless the application configures logging.
@@ -58,7 +60,9 @@ class Event:
     field's limit and the amount seen (bytes, seconds, count, or the rate
     text).  mechanism: what held or enforced it.  program: the program's
     name only.  field: which limit or protection (``"memory"``).  detail: a
-    short fixed text (a reason code, never program data).
+    short fixed text (a reason code, never program data).  host / port:
+    the destination a ``net_allowed`` / ``net_denied`` connection named
+    (never a URL, path, query or header); observed is then its bytes.
     """
 
     name: str
@@ -71,6 +75,8 @@ class Event:
     mechanism: str | None = None
     program: str | None = None
     detail: str | None = None
+    host: str | None = None
+    port: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

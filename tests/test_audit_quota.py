@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import pytest
 import sbxlimit
 import sbxlimit.asyncio as sa
 from sbxlimit import audit
-from sbxlimit._namespaces import CLONE_NEWNS, namespaces
+from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, namespaces
 
 PY = sys.executable
 SECRET = "s3cr3t-t0ken-do-not-leak"
@@ -25,7 +26,16 @@ def names(events) -> set[str]:
     return {e.name for e in events}
 
 
-def test_every_event_kind_from_real_runs(events):
+CONNECT = (
+    "import socket, sys\n"
+    "for host in sys.argv[1:]:\n"
+    "    s = socket.create_connection(('127.0.0.1', 3128))\n"
+    "    s.sendall(f'CONNECT {host} HTTP/1.1\\r\\n\\r\\n'.encode())\n"
+    "    s.recv(100)\n"
+)
+
+
+def test_every_event_kind_from_real_runs(events, monkeypatch):
     hog = "import time; b = bytearray(80 << 20); b[::4096] = b'x' * (len(b) // 4096); time.sleep(1)"
     sbxlimit.run(["true"], limits={"memory": "64Mi"})
     # Past half of its limit (warn_at=0.5), well below the limit itself.
@@ -43,7 +53,23 @@ def test_every_event_kind_from_real_runs(events):
     gate = sbxlimit.Gate(max_concurrent=1)
     with gate.call("tool-x"), pytest.raises(sbxlimit.ConcurrencyLimited), gate.call("tool-x"):
         pass
-    assert names(events) == set(audit.EVENT_NAMES)
+    expected = set(audit.EVENT_NAMES)
+    if namespaces(CLONE_NEWNET).ok:
+        # Through the filtering proxy: one refused by name, one allowed (to
+        # a closed port: it ends at once).
+        from sbxlimit import _proxy
+
+        proxy = _proxy.ProxyServer(resolver={"ok.test": ["127.0.0.1"]})
+        monkeypatch.setattr(_proxy, "shared", lambda: proxy)
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]
+        policy = {"network": "proxy", "allow_domains": ["ok.test", "127.0.0.1"]}
+        sbxlimit.run([PY, "-c", CONNECT, f"ok.test:{port}", "no.test:443"], policy=policy)
+        proxy.close()
+    else:
+        expected -= {"net_allowed", "net_denied"}
+    assert names(events) == expected
     by = {e.name: e for e in events}
     warn = next(e for e in events if e.name == "resource_warning")
     assert warn.field == "memory" and warn.observed >= 0.5 * warn.limit

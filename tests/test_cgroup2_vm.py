@@ -75,7 +75,10 @@ def test_cgroup_suite_under_cgroup2():
     pytest_cmd += ["-p", "no:randomly"]
     cgroups = [os.path.join(HERE, "test_cgroups.py")]
     verdicts = [os.path.join(HERE, f) for f in ("test_verdicts.py", "test_scale.py")]
-    escapes = [os.path.join(HERE, f) for f in ("test_escapes.py", "test_file_rules.py")]
+    escapes = [
+        os.path.join(HERE, f)
+        for f in ("test_escapes.py", "test_file_rules.py", "test_network_proxy.py")
+    ]
     # The guests share the host's files: each gets a temp dir of its own, or
     # one's leak check would see the other's workspaces.
     names = ("root cgroup", "delegated leaf", "no Landlock: escapes")

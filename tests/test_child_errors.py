@@ -63,6 +63,9 @@ def _kwargs(step: str, tmp_path) -> dict:
         "signals:mask": {},
         "exec": {},
         "ns:setns": {"policy": sbxlimit.Policy(network="deny", workdir="/")},
+        "ns:proxy": {
+            "policy": sbxlimit.Policy(network="proxy", allow_domains=["example.com"], workdir="/")
+        },
     }[step]
 
 

@@ -211,6 +211,7 @@ _POLICIES = (
     Policy(network="proxy", proxy_ports=[3128], harden=False, capabilities=["CAP_NET_RAW"]),
     Policy(isolate_pids=False, terminal=True, env=["PATH"], drop_secrets=True),
     Policy(workdir="/tmp", writable_roots=["/tmp"]),
+    Policy(network="proxy", allow_domains=["pypi.org"]),
 )
 _SITES = (
     NO_SITE,

@@ -236,7 +236,7 @@ def test_precedence_and_doctor_header(
             "sbxlimit: the settings from ini option sbxlimit_defaults in *tox.ini + "
             "environment variable SBXLIMIT_DEFAULTS + --sbxlimit-defaults + "
             "@pytest.mark.sbxlimit on test_prec.py::test_policy_rule_across_sources: "
-            "Policy.proxy_ports: network='proxy' needs at least one port*"
+            "Policy.proxy_ports: network='proxy' needs allow_domains*"
         ]
     )
 

@@ -147,7 +147,9 @@ def test_an_unknown_field_is_refused_by_name():
         with pytest.raises(UnknownFieldError) as info:
             call()
         assert info.value.names == ["memroy"]
-        assert "did you mean 'memory'? known: address_space, capabilities, cpu," in str(info.value)
+        assert "did you mean 'memory'? known: address_space, allow_domains, capabilities," in str(
+            info.value
+        )
 
 
 @pytest.mark.parametrize(
@@ -176,7 +178,7 @@ def test_a_misspelt_field_is_the_same_error_everywhere_with_a_hint(call):
 def test_a_rule_between_two_policy_fields_waits_for_the_merged_values():
     assert s.field_value("network", "proxy") == "proxy"
     assert s.field_value("proxy_ports", (8080,)) == (8080,)
-    with pytest.raises(ConfigError, match="network='proxy' needs at least one port"):
+    with pytest.raises(ConfigError, match="network='proxy' needs allow_domains"):
         s.build({"network": "proxy"})
 
 

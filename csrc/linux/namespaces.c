@@ -39,6 +39,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -384,6 +385,32 @@ static int send_fd(int sock, int fd)
     return n < 0 ? -1 : 0;
 }
 
+/* The proxy's listener on this namespace's loopback, sent to the parent:
+ * connections to it are made here, served there. */
+static int publish_listener(const struct sbx_spec *s)
+{
+    struct sockaddr_in a;
+    int saved, rc, one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    if (fd < 0)
+        return -1;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)s->proxy_port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    rc = setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (rc == 0)
+        rc = bind(fd, (const struct sockaddr *)&a, sizeof a);
+    if (rc == 0)
+        rc = listen(fd, 128);
+    if (rc == 0)
+        rc = send_fd(s->tmpfs_sock, fd);
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
 /* A Landlock rule for a tmpfs we mounted at path, with the workspace's
  * rights: the parent's rule for the directory it hides does not apply
  * (Landlock skips hidden mount points). */
@@ -593,6 +620,8 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_IDMAP, 0, idmap(s->uid_map, s->gid_map));
     if ((s->ns_flags & CLONE_NEWNET) && s->ns_loopback)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_LOOPBACK, 0, loopback_up());
+    if (s->proxy_port > 0 && s->tmpfs_sock >= 0)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_PROXY, s->proxy_port, publish_listener(s));
     if (s->ns_flags & CLONE_NEWNS)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 0, make_slave());
     if ((s->ns_flags & CLONE_NEWNS) && (s->view_ro_root || s->n_view))
