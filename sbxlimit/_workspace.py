@@ -42,7 +42,9 @@ def plan_workspace(p: Plan, r: Request) -> None:
         return
     p.workspace = True
     p.keep_workspace = r.policy.keep_workdir
-    p.hold("workspace", "supervisor:workspace", "private 0700 directory, cwd and TMPDIR")
+    p.hold(
+        "workspace", "supervisor:workspace", "private 0700 directory: TMPDIR, and cwd unless given"
+    )
 
 
 def plan_workdir(p: Plan, r: Request) -> None:
