@@ -15,7 +15,7 @@ import os
 import re
 import signal as _signal
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ._enforcement import Enforcement
 from ._evidence import Evidence, KillRecord, Usage, usage
@@ -50,18 +50,7 @@ Reason = Literal[
     "wall_time",
     "output",
 ]
-REASONS: tuple[Reason, ...] = (
-    "exited",
-    "signaled",
-    "memory",
-    "cpu_time",
-    "cpu",
-    "pids",
-    "file_size",
-    "disk",
-    "wall_time",
-    "output",
-)
+REASONS: tuple[Reason, ...] = get_args(Reason)
 # Reasons that mean "a limit ended it"; run(check=True) raises LimitExceeded.
 LIMIT_REASONS: frozenset[Reason] = frozenset(
     {"memory", "cpu_time", "pids", "file_size", "disk", "wall_time", "output"}
