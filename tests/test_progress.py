@@ -304,11 +304,15 @@ def test_a_failing_usage_skips_frames_and_never_escapes(
 
 def test_summary_of_a_memory_kill() -> None:
     limits = Limits(memory="64Mi", pids=64)
+    # Four processes of 40 MiB: each fits its own RLIMIT_DATA, the tree does
+    # not, so the verdict is "memory" with a cgroup (its OOM kill) and
+    # without one (the watchdog), never a MemoryError's exit status.
     code = (
-        "chunks = []\n"
-        "while True:\n"
-        "    chunks.append(bytearray(1 << 20))\n"
-        "    chunks[-1][::4096] = b'x' * 256\n"
+        "import os, time\n"
+        "os.fork(); os.fork()\n"
+        "hog = bytearray(40 << 20)\n"
+        "hog[::4096] = b'x' * (len(hog) // 4096)\n"
+        "time.sleep(30)\n"
     )
     p = sbxlimit.Popen([PY, "-c", code], stderr=subprocess.DEVNULL, limits=limits)
     p.wait()
