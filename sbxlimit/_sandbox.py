@@ -567,6 +567,10 @@ class Sandbox:
                 sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
             if redirected[2]:
                 sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            if self.plan.proxy_port and self.policy is not None:
+                # No exec carries the environment here: the body's own
+                # clients (urllib, requests) find the proxy through it.
+                os.environ.update(proxy_env(self.policy, self.plan.proxy_port))
             assert self.target is not None
             result = self.target()
             code = result if isinstance(result, int) else 0

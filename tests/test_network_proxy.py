@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
 import ssl
 import subprocess
@@ -329,3 +330,24 @@ def test_asyncio_gives_the_same_log(web, names):
     r = asyncio.run(main())
     assert r.returncode == 0, r.stderr
     assert [(e.event, e.host) for e in r.network] == [("net_denied", "nope.test")]
+
+
+def _forked_fetch() -> int:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen("http://nope.test/", timeout=10)
+    except Exception as e:
+        return 3 if getattr(e, "code", None) == 403 else 4  # refused by the proxy, or not
+    return 5
+
+
+def test_a_forked_body_finds_the_proxy_too(names):
+    # A callable (the pytest marker's body) is not exec'd: the proxy's
+    # variables must reach its os.environ all the same.
+    from sbxlimit._forked import ForkedSandbox
+
+    p = ForkedSandbox(_forked_fetch, policy=_policy("allowed.test"))
+    assert p.wait() == 3
+    assert [(e.event, e.host) for e in p.network_log()] == [("net_denied", "nope.test")]
+    assert "HTTP_PROXY" not in os.environ or os.environ["HTTP_PROXY"] != "http://127.0.0.1:3128"
