@@ -7,6 +7,7 @@ read is said without contradicting itself."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import pickle
@@ -28,6 +29,7 @@ from sbxlimit import (
     Policy,
     Termination,
     _core,
+    _doctor,
     _namespaces,
     _plan,
     _platform,
@@ -189,18 +191,8 @@ def _hold_sites() -> set[tuple[str, int, int]]:
     return sites
 
 
-_FULL = Limits(
-    memory="256Mi",
-    cpu_time="60s",
-    cpu="500m",
-    pids=64,
-    open_files=256,
-    file_size="100Mi",
-    address_space="8Gi",
-    disk="100Mi",
-    wall_time="60s",
-    output="10Mi",
-)
+# The doctor's reference request, with the one limit it leaves out.
+_FULL = dataclasses.replace(_doctor._REFERENCE_LIMITS, address_space=8 << 30)
 _LIMITS = (
     _FULL,
     Limits(disk="1Mi", output="1Ki", truncate_output=True, tolerate=["disk"], pids=8),
