@@ -6,6 +6,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from . import _tracing
 from ._enforcement import Enforcement
 from ._errors import LimitExceeded, RunTimeout
 from ._evidence import Usage
@@ -94,6 +95,26 @@ def run(
     :class:`RunTimeout` (a :class:`subprocess.TimeoutExpired`) with the
     killed sandbox's ``termination`` and ``usage``.
     """
+    trace = _tracing.hook  # None unless sbxlimit.otel.instrument(): a span around it
+    if trace is not None:
+        with trace() as span:
+            return _run(
+                popenargs, input, capture_output, timeout, check, limits, policy, kwargs, span
+            )
+    return _run(popenargs, input, capture_output, timeout, check, limits, policy, kwargs, None)
+
+
+def _run(
+    popenargs: tuple[Any, ...],
+    input: Any,
+    capture_output: bool,
+    timeout: float | None,
+    check: bool,
+    limits: Limits | Mapping[str, Any] | None,
+    policy: Policy | Mapping[str, Any] | None,
+    kwargs: dict[str, Any],
+    span: _tracing.RunSpan | None,
+) -> SandboxResult:
     if input is not None:
         if kwargs.get("stdin") is not None:
             raise ValueError("stdin and input arguments may not both be used.")
@@ -105,6 +126,8 @@ def run(
         kwargs["stderr"] = subprocess.PIPE
 
     with Popen(*popenargs, limits=limits, policy=policy, **kwargs) as process:
+        if span is not None:
+            span.spawned(process)
         try:
             stdout, stderr = process.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired as e:

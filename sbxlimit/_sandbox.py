@@ -871,7 +871,8 @@ class Sandbox:
             self.release_quota()
         self.stop_proxy()
         if self.plan.active and audit.active():
-            t = self.outcome(returncode, created=True).termination()
+            o = self.outcome(returncode, created=True)
+            t, u = o.termination(), o.usage()  # the verdict computed the usage
             f = self.audit_fields()
             # Cause before effect: the limit, the kill it caused, the exit.
             if t.is_limit:
@@ -880,7 +881,15 @@ class Sandbox:
                 w = self.watch
                 if w is not None and w.kill is not None:  # the supervisor ended it
                     audit.emit("killed", field=t.reason, detail="supervisor", **kw, **f)
-            audit.emit("exit", observed=returncode, detail=t.reason, **f)
+            audit.emit(
+                "exit",
+                observed=returncode,
+                detail=t.reason,
+                memory_peak=u.memory_peak,
+                cpu_time=u.cpu_total,
+                wall_time=u.wall,
+                **f,
+            )
 
     # -- the caller's hand -----------------------------------------------------
 

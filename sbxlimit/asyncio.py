@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from . import _tracing
 from ._enforcement import Enforcement
 from ._errors import ConfigError, RunTimeout
 from ._evidence import Usage
@@ -407,6 +408,29 @@ async def run(
     (a TimeoutExpired) raised; when the awaiting task is cancelled, the
     tree is killed too.  The workspace is removed before it returns, unless
     ``keep_workdir``."""
+    trace = _tracing.hook  # None unless sbxlimit.otel.instrument(): a span around it
+    if trace is not None:
+        with trace() as span:
+            return await _run(
+                args, input, capture_output, timeout, check, limits, policy, shell, kwds, span
+            )
+    return await _run(
+        args, input, capture_output, timeout, check, limits, policy, shell, kwds, None
+    )
+
+
+async def _run(
+    args: Any,
+    input: bytes | None,
+    capture_output: bool,
+    timeout: float | str | None,
+    check: bool,
+    limits: Limits | Mapping[str, Any] | None,
+    policy: Policy | Mapping[str, Any] | None,
+    shell: bool,
+    kwds: dict[str, Any],
+    span: _tracing.RunSpan | None,
+) -> SandboxResult:
     if input is not None:
         kwds["stdin"] = _PIPE
     if capture_output:
@@ -418,6 +442,8 @@ async def run(
         proc = await create_subprocess_exec(args, limits=limits, policy=policy, **kwds)
     else:
         proc = await create_subprocess_exec(*args, limits=limits, policy=policy, **kwds)
+    if span is not None:
+        span.spawned(proc._popen)
     async with proc:
         try:
             out, err = await asyncio.wait_for(proc.communicate(input), secs)

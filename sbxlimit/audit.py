@@ -63,6 +63,8 @@ class Event:
     short fixed text (a reason code, never program data).  host / port:
     the destination a ``net_allowed`` / ``net_denied`` connection named
     (never a URL, path, query or header); observed is then its bytes.
+    memory_peak / cpu_time / wall_time: on ``exit``, what the sandbox used
+    (bytes; CPU seconds, user + system; seconds), None when not measured.
     """
 
     name: str
@@ -77,6 +79,9 @@ class Event:
     detail: str | None = None
     host: str | None = None
     port: int | None = None
+    memory_peak: int | None = None
+    cpu_time: float | None = None
+    wall_time: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
