@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         RateLimited,
         RunTimeout,
         SandboxSetupError,
+        StoreUnavailable,
         UnknownFieldError,
         UnsupportedError,
     )
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from ._policy import Policy
     from ._popen import Popen
     from ._quota import Quota
+    from ._redis import RedisStore
     from ._run import SandboxResult, run
     from ._spawn import STEPS
     from ._termination import LIMIT_REASONS, REASONS, Reason, Termination
@@ -58,6 +60,7 @@ _LAZY = {
     "RateLimited": "_errors",
     "RunTimeout": "_errors",
     "SandboxSetupError": "_errors",
+    "StoreUnavailable": "_errors",
     "UnknownFieldError": "_errors",
     "UnsupportedError": "_errors",
     "Gate": "gate",
@@ -67,6 +70,7 @@ _LAZY = {
     "Policy": "_policy",
     "Popen": "_popen",
     "Quota": "_quota",
+    "RedisStore": "_redis",
     "SandboxResult": "_run",
     "run": "_run",
     "STEPS": "_spawn",
@@ -128,10 +132,12 @@ __all__ = [
     "QuotaExceeded",
     "RateLimited",
     "Reason",
+    "RedisStore",
     "Report",
     "RunTimeout",
     "SandboxResult",
     "SandboxSetupError",
+    "StoreUnavailable",
     "SubprocessError",
     "Termination",
     "TimeoutExpired",

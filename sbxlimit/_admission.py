@@ -367,3 +367,6 @@ class Admission:
         with self._lock:
             st.in_flight -= 1
             self._dispatch(st, freed=True)
+
+    async def arelease(self, st: KeyState) -> None:
+        self.release(st)  # a few arithmetic steps under the lock: no need to await

@@ -27,6 +27,7 @@ __all__ = [
     "RateLimited",
     "RunTimeout",
     "SandboxSetupError",
+    "StoreUnavailable",
     "UnknownFieldError",
     "UnsupportedError",
 ]
@@ -403,3 +404,33 @@ class QuotaExceeded(Error):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.field, self.limit, self.requested, self.in_use, self.key))
+
+
+class StoreUnavailable(Error, ConnectionError):
+    """A :class:`sbxlimit.Gate` or :class:`sbxlimit.Quota` could not reach
+    its shared store (Redis) in time, so nothing was admitted (the store
+    fails closed unless it was made with ``fail="open"``).
+
+    ``store`` is the store's address without credentials, ``operation`` what
+    was being done (``"admit"``, ``"stats"``...), ``timeout`` the seconds the
+    store allows itself.  Also a :class:`ConnectionError`.  ``code`` is
+    ``"store_unavailable"``.  See docs/distributed.md.
+    """
+
+    code: ClassVar[str] = "store_unavailable"
+
+    def __init__(self, store: str, operation: str, timeout: float, cause: str = "") -> None:
+        why = f": {cause}" if cause else ""
+        super().__init__(
+            f"the store {store} did not answer {operation} within {timeout:g} s{why}. "
+            "Nothing was admitted. Hint: check that Redis is up and reachable, "
+            'raise RedisStore(timeout=...), or choose RedisStore(fail="open") '
+            "to admit without limits while it is down."
+        )
+        self.store = store
+        self.operation = operation
+        self.timeout = timeout
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.store, self.operation, self.timeout, self.cause))

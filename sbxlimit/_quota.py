@@ -8,6 +8,9 @@ new sandbox is admitted only if its limits fit what is left; otherwise
 is given back when it is reaped.  Budgets count limits, not usage: a
 sandbox limited to 1 GiB holds 1 GiB of the budget however little it uses,
 which is what makes the sum a guarantee.
+
+The budget lives in this process's memory, or in a Redis shared by every
+process and host that names it (``store=``; ``_redis.RedisBudget``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import audit
 from ._errors import ConfigError, QuotaExceeded
@@ -25,6 +28,9 @@ from ._units import parse_bytes, parse_count, parse_millicores, parse_seconds
 
 __all__ = ["Admission", "Quota"]
 
+if TYPE_CHECKING:
+    from ._redis import Grant, RedisBudget, RedisStore
+
 _FIELDS = ("sandboxes", "memory", "cpu", "pids")
 _DEFAULT: Any = object()
 
@@ -32,11 +38,12 @@ _DEFAULT: Any = object()
 class Admission:
     """What one admitted sandbox holds; ``release()`` gives it back (once)."""
 
-    __slots__ = ("_held", "_quota")
+    __slots__ = ("_grant", "_held", "_quota")
 
-    def __init__(self, quota: Quota, held: dict[str, int]) -> None:
+    def __init__(self, quota: Quota, held: dict[str, int], grant: Grant | None = None) -> None:
         self._quota: Quota | None = quota
         self._held = held
+        self._grant = grant  # the lease in a shared store
 
     def release(self) -> None:
         """Give the room back; safe to call from several threads, twice."""
@@ -52,6 +59,13 @@ class Quota:
 
     wait: seconds a sandbox may queue for room (0: refuse at once, the
     default; None: wait for ever).
+
+    store: where the budget is kept: this process's memory (the default,
+    or ``"memory"``), or a Redis shared by every process and host that
+    names it (``"redis://host:6379/0"`` or a :class:`sbxlimit.RedisStore`;
+    ``SBXLIMIT_STORE`` when not given).  name: what makes quotas in
+    different processes the same quota there (default: the budget, so
+    quotas made alike share it).  See docs/distributed.md.
     """
 
     def __init__(
@@ -62,6 +76,8 @@ class Quota:
         cpu: int | float | str | None = None,
         pids: int | str | None = None,
         wait: float | str | None = 0,
+        store: str | RedisStore | None = None,
+        name: str | None = None,
     ) -> None:
         budget: dict[str, int] = {}
         if max_sandboxes is not None:
@@ -80,12 +96,31 @@ class Quota:
         self.wait = None if wait is None else parse_seconds("Quota.wait", wait, allow_zero=True)
         self._used = dict.fromkeys(budget, 0)
         self._cond = threading.Condition()
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError("Quota.name", name, "expected a non-empty string")
+        from ._redis import resolve
+
+        self._store = resolve(store, "Quota.store")
+        self.name = name or "-".join(f"{f}{n}" for f, n in budget.items())
+        self._shared: RedisBudget | None = None
+        if self._store is not None:
+            from ._redis import RedisBudget
+
+            self._shared = RedisBudget(self._store, self.name, budget)
 
     def __repr__(self) -> str:
         return f"Quota(budget={self.budget}, in_use={self.in_use()})"
 
+    @property
+    def store(self) -> str:
+        """Where the budget is kept: ``"memory"`` or the store's address."""
+        return "memory" if self._store is None else self._store.address
+
     def in_use(self) -> dict[str, int]:
-        """What admitted sandboxes hold now, per budget."""
+        """What admitted sandboxes hold now, per budget (in a shared store:
+        every process's)."""
+        if self._shared is not None:
+            return self._shared.in_use()
         with self._cond:
             return dict(self._used)
 
@@ -115,6 +150,14 @@ class Quota:
                 return field
         return None
 
+    def _fits_ever(self, need: dict[str, int | None], key: Hashable) -> dict[str, int]:
+        """`need` as whole numbers, or the refusal of one that never fits."""
+        bad = self._never_fits(need)
+        if bad is not None:
+            used = self.in_use()[bad] if self._shared is not None else self._used[bad]
+            raise QuotaExceeded(bad, self.budget[bad], need[bad], used, key)
+        return {f: int(n or 0) for f, n in need.items()}
+
     def _take(self, need: dict[str, int | None]) -> Admission:
         held = {f: int(n or 0) for f, n in need.items()}
         for f, n in held.items():
@@ -141,6 +184,9 @@ class Quota:
     def _admit_locked(self, limits: Limits | None, key: Hashable, wait: Any) -> Admission:
         need = self._needs(limits)
         wait = self._wait_for(wait)
+        if self._shared is not None:
+            held = self._fits_ever(need, key)
+            return Admission(self, held, self._shared.admit(held, key, wait))
         with self._cond:
             bad = self._never_fits(need)
             if bad is not None:
@@ -166,6 +212,9 @@ class Quota:
     async def _aadmit(self, limits: Limits | None, key: Hashable, wait: Any) -> Admission:
         need = self._needs(limits)
         wait = self._wait_for(wait)
+        if self._shared is not None:
+            held = self._fits_ever(need, key)
+            return Admission(self, held, await self._shared.aadmit(held, key, wait))
         deadline = None if wait is None else time.monotonic() + wait
         delay = 0.005
         while True:
@@ -184,6 +233,11 @@ class Quota:
             delay = min(delay * 2, 0.1)
 
     def _release(self, adm: Admission) -> None:
+        if adm._grant is not None:
+            grant, adm._grant, adm._quota = adm._grant, None, None
+            assert self._shared is not None
+            self._shared.release(grant)  # once: Grant knows whether it was given back
+            return
         with self._cond:
             if adm._quota is None:
                 return  # released already, by another thread

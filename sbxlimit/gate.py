@@ -7,8 +7,9 @@ the same on every OS: nothing here touches the system.
 
 Admission (concurrency, the token bucket, first come first served waiting
 by threads and asyncio tasks alike) is the store's business:
-``_admission.Admission``, in memory.  The gate adds call timeouts, the
-audit events of denials and the API below.  ``sbxlimit.Gate`` is this
+``_admission.Admission`` in this process's memory (the default), or
+``_redis.RedisAdmission`` shared by processes and hosts.  The gate adds
+call timeouts, the audit events of denials and the API below.  ``sbxlimit.Gate`` is this
 module's ``Gate``.
 """
 
@@ -25,16 +26,19 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 from . import audit
-from ._admission import Admission, KeyState
+from ._admission import Admission
 from ._errors import CallTimeout, ConcurrencyLimited, ConfigError, RateLimited, _key_text
 from ._limits import Count, Duration
 from ._settings import manifest_execution
 from ._units import MAX_SECONDS, parse_count, parse_rate, parse_seconds
 
 __all__ = ["Gate", "GateCall", "GateStats"]
+
+if TYPE_CHECKING:
+    from ._redis import RedisAdmission, RedisStore
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -141,7 +145,17 @@ class Gate:
             Queued calls are admitted first come, first served.
         clock: the time source of the token bucket, in seconds (default
             :func:`time.monotonic`).  Tests may inject a fake clock.  Waiting
-            and call timeouts always use real time.
+            and call timeouts always use real time.  A shared store keeps
+            time by its server's clock instead.
+        store: where admission state lives: this process's memory (the
+            default, or ``"memory"``), or a Redis shared by every process
+            and host that names it (``"redis://host:6379/0"`` or a
+            :class:`sbxlimit.RedisStore`; ``pip install 'sbxlimit[redis]'``).
+            Without it, ``SBXLIMIT_STORE`` names the store.  See
+            docs/distributed.md.
+        name: what makes gates in different processes the same gate in a
+            shared store (default: the gate's settings, so gates made alike
+            share their counts).
 
     Denials raise :class:`RateLimited` (with ``retry_after``) or
     :class:`ConcurrencyLimited`; a call over its time raises
@@ -171,8 +185,10 @@ class Gate:
         "_admission",
         "_capacity",
         "_max",
+        "_name",
         "_per_second",
         "_rate_text",
+        "_store",
         "_timeout",
         "_wait",
     )
@@ -186,6 +202,8 @@ class Gate:
         burst: Count | None = None,
         wait: Duration | None = 0,
         clock: Callable[[], float] = time.monotonic,
+        store: str | RedisStore | None = None,
+        name: str | None = None,
     ) -> None:
         self._max = (
             None if max_concurrent is None else parse_count("Gate.max_concurrent", max_concurrent)
@@ -208,13 +226,36 @@ class Gate:
             raise ConfigError(
                 "Gate.clock", clock, "expected a callable returning seconds, like time.monotonic"
             )
-        self._admission = Admission(
-            max_concurrent=self._max,
-            per_second=self._per_second,
-            capacity=self._capacity,
-            rate_text=self._rate_text,
-            clock=clock,
-        )
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError("Gate.name", name, "expected a non-empty string")
+        from ._redis import resolve
+
+        self._store = resolve(store, "Gate.store")
+        self._name = name or f"c{self._max}-r{self._rate_text}-b{self._capacity}"
+        self._admission: Admission | RedisAdmission
+        if self._store is None:
+            self._admission = Admission(
+                max_concurrent=self._max,
+                per_second=self._per_second,
+                capacity=self._capacity,
+                rate_text=self._rate_text,
+                clock=clock,
+            )
+        else:
+            if clock is not time.monotonic:
+                raise ConfigError(
+                    "Gate.clock", clock, "a shared store keeps time by its server's clock"
+                )
+            from ._redis import RedisAdmission
+
+            self._admission = RedisAdmission(
+                self._store,
+                self._name,
+                max_concurrent=self._max,
+                per_second=self._per_second,
+                capacity=self._capacity,
+                rate_text=self._rate_text,
+            )
 
     # -- constructors -------------------------------------------------------
 
@@ -226,6 +267,8 @@ class Gate:
         burst: Count | None = None,
         wait: Duration | None = 0,
         clock: Callable[[], float] = time.monotonic,
+        store: str | RedisStore | None = None,
+        name: str | None = None,
     ) -> Gate:
         """A gate from the ``execution_limits`` of a manifest (SPEC section 2).
 
@@ -238,7 +281,16 @@ class Gate:
         (``"execution_limits.rate_limit"``).
         """
         timeout, max_concurrent, rate = manifest_execution(manifest)
-        return cls(max_concurrent, rate, timeout, burst=burst, wait=wait, clock=clock)
+        return cls(
+            max_concurrent,
+            rate,
+            timeout,
+            burst=burst,
+            wait=wait,
+            clock=clock,
+            store=store,
+            name=name,
+        )
 
     # -- configuration ------------------------------------------------------
 
@@ -267,6 +319,17 @@ class Gate:
         """Seconds a call may queue by default (0: refuse at once; None: for ever)."""
         return self._wait
 
+    @property
+    def store(self) -> str:
+        """Where admission state lives: ``"memory"`` or the store's address
+        (without credentials)."""
+        return "memory" if self._store is None else self._store.address
+
+    @property
+    def name(self) -> str:
+        """The gate's name in a shared store."""
+        return self._name
+
     def __repr__(self) -> str:
         parts = [
             f"max_concurrent={self._max!r}",
@@ -277,6 +340,8 @@ class Gate:
             parts.append(f"burst={self._capacity!r}")
         if self._wait != 0:
             parts.append(f"wait={None if self._wait is None else _duration_text(self._wait)!r}")
+        if self._store is not None:
+            parts.append(f"store={self._store.address!r}, name={self._name!r}")
         return f"Gate({', '.join(parts)})"
 
     # -- calls --------------------------------------------------------------
@@ -331,22 +396,25 @@ class Gate:
 
     # -- admission (the store: _admission) --------------------------------------
 
-    def _acquire_sync(self, key: Hashable, wait: float | None) -> KeyState:
+    def _acquire_sync(self, key: Hashable, wait: float | None) -> Any:
         try:
             return self._admission.acquire(key, wait)
         except (RateLimited, ConcurrencyLimited) as e:
             _audit_denied(e)  # outside the lock: a subscriber may use the gate
             raise
 
-    async def _acquire_async(self, key: Hashable, wait: float | None) -> KeyState:
+    async def _acquire_async(self, key: Hashable, wait: float | None) -> Any:
         try:
             return await self._admission.aacquire(key, wait)
         except (RateLimited, ConcurrencyLimited) as e:
             _audit_denied(e)
             raise
 
-    def _release(self, st: KeyState) -> None:
+    def _release(self, st: Any) -> None:
         self._admission.release(st)
+
+    async def _arelease(self, st: Any) -> None:
+        await self._admission.arelease(st)
 
 
 def _audit_denied(err: RateLimited | ConcurrencyLimited) -> None:
@@ -387,7 +455,7 @@ class GateCall:
         self.timeout = timeout
         self.wait = wait
         self._used = False
-        self._state: KeyState | None = None
+        self._state: Any = None  # what the store admitted: given back at the end
         self._started: float | None = None
         self._timer: asyncio.Timeout | None = None
 
@@ -477,7 +545,7 @@ class GateCall:
                 self._gate._release(st)
         return self._run_in_worker(st, fn, args, kwargs)
 
-    def _run_in_worker(self, st: KeyState, fn: Callable[..., _R], args: Any, kwargs: Any) -> _R:
+    def _run_in_worker(self, st: Any, fn: Callable[..., _R], args: Any, kwargs: Any) -> _R:
         assert self.timeout is not None
         out = _Outcome()
         done = threading.Event()
@@ -549,7 +617,7 @@ class GateCall:
                 await timer.__aenter__()
             except BaseException:
                 self._state = None
-                self._gate._release(st)
+                await self._gate._arelease(st)
                 raise
             self._timer = timer
         return self
@@ -574,7 +642,7 @@ class GateCall:
                     # it into another error): the call was still too long.
                     raise self._timed_out() from exc
         finally:
-            self._gate._release(st)
+            await self._gate._arelease(st)
 
     async def arun(
         self, coro_fn: Callable[_P, Awaitable[_R]], /, *args: _P.args, **kwargs: _P.kwargs
