@@ -166,14 +166,14 @@ def test_processes_sharing_a_gate_never_exceed_its_concurrency_or_rate(server):
     assert len(calls) == 50
     assert max_overlap([(c["start"], c["end"]) for c in calls]) <= 3
     # A token bucket of 4 refilled at 20/s admits at most 4 + 20 * d calls
-    # in any span of d seconds (one more for the time a start is recorded
-    # after its admission).
+    # in any span of d seconds (two more for the time, up to 100 ms, a start
+    # may be recorded after its admission).
     starts = sorted(c["start"] for c in calls)
     for i, a in enumerate(starts):
         for j in range(i, len(starts)):
-            assert j - i + 1 <= 4 + 20 * (starts[j] - a) + 1, (i, j, starts[j] - a)
+            assert j - i + 1 <= 4 + 20 * (starts[j] - a) + 2, (i, j, starts[j] - a)
     # Without the store, five gates would each admit their own 4 at once.
-    assert starts[-1] - starts[0] >= (50 - 4 - 1) / 20
+    assert starts[-1] - starts[0] >= (50 - 4 - 2) / 20
 
 
 def test_a_killed_workers_slot_comes_back_after_its_lease(server, store):
