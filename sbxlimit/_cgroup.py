@@ -480,11 +480,17 @@ class Cgroup:
         return cg
 
     def procs_fds(self) -> list[int]:
-        """Open cgroup.procs of every directory (v2's first), for the child."""
+        """Open, for the child, the file of every directory (v2's first) that
+        moves it in: cgroup.procs on v2; on v1 ``tasks``, which moves one
+        thread.  The child is one thread when it writes "0" there, and the
+        kernel (6.1+) moves the writing thread itself without taking the
+        global threadgroup lock, whose writer waits for an RCU grace period
+        (cgroup.procs: 40 us to 16 ms per join here, tasks: 20-35 us)."""
+        fname = "tasks" if self.site.version == 1 else "cgroup.procs"
         fds: list[int] = []
         try:
             for path in self.dirs.values():
-                fds.append(os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+                fds.append(os.open(os.path.join(path, fname), os.O_WRONLY | os.O_CLOEXEC))
         except BaseException:
             for fd in fds:
                 os.close(fd)

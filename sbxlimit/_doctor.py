@@ -462,7 +462,7 @@ def _check_clone3_cgroup() -> Check:
             DEGRADED,
             "a child can be born directly in a cgroup v2 (Linux 5.7+), but sandboxes use "
             f"{where} here"
-            + (", so each child writes cgroup.procs itself" if site.version else ""),
+            + (", so each child joins its cgroups itself (v1: tasks)" if site.version else ""),
         )
     if platform.machine() != "x86_64" or not _core.HAS_VFORK:
         return Check(
