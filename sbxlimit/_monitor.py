@@ -370,6 +370,7 @@ class Monitor:
         # system call per process).  interval -> [members, next sweep].
         self._sweeps: dict[float, tuple[dict[Watch, None], list[float]]] = {}
         self._retiring: dict[Cgroup, float] = {}  # cgroup → give up after
+        self._trash: list[str] = []  # discarded workspaces, removed here
         self._pool = Pool()
         self._netpool = NetPool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
@@ -737,6 +738,24 @@ class Monitor:
         if wake:
             self._wake()
 
+    def remove_workspace(self, path: str) -> None:
+        """Remove a closed sandbox's workspace: renamed away now (its path
+        is gone when this returns), its tree removed by this thread."""
+        trash = _workspace.discard(path)
+        if trash is None:
+            return
+        with self._lock:
+            self._trash.append(trash)
+            wake = self._sleeps_long()
+        if wake:
+            self._wake()
+
+    def _empty_trash(self) -> None:
+        with self._lock:
+            trash, self._trash = self._trash, []
+        for path in trash:
+            _workspace.remove(path)
+
     def _retire_tick(self, now: float) -> None:
         for cg, until in list(self._retiring.items()):
             if cg.remove():
@@ -752,6 +771,7 @@ class Monitor:
         wait until every retired cgroup is removed; True if none is left."""
         self._pool.drain(close=close)
         self._netpool.drain(close=close)
+        self._empty_trash()
         end = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -871,7 +891,7 @@ class Monitor:
             due = min(self._next_due(), self._read_at)
             for _members, at in self._sweeps.values():
                 due = min(due, at[0])
-            if self._retiring:
+            if self._retiring or self._trash:
                 due = min(due, now + _RETIRE_TICK)
             pool_due = now if self._pool.wanted() else self._pool.next_expiry()
             net_due = now if self._netpool.wanted() else self._netpool.next_expiry()
@@ -919,6 +939,8 @@ class Monitor:
             if self._retiring:
                 self._retire_tick(now)
         self._flush_warnings()
+        if self._trash:
+            self._empty_trash()  # unlocked: a tree's rmdirs take a while
         if pool_due is not None and pool_due <= now:
             self._pool.work(now)  # unlocked: mkdirs and writes take a while
         if net_due is not None and net_due <= now:

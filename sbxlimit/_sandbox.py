@@ -1019,7 +1019,9 @@ class Sandbox:
             if keep:
                 _workspace.forget(ws)
             else:
-                _workspace.remove(ws)
+                # Gone from its path now; its tree is removed by the
+                # supervisor, off the caller's path.
+                get_monitor().remove_workspace(ws)
                 # Removal is best effort: say what is true.
                 self.workspace_removed = not os.path.lexists(ws)
 

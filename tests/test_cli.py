@@ -194,21 +194,23 @@ def test_gc_removes_leftovers_of_dead_owners_only():
     dead = _dead_pid()
     tmp = tempfile.gettempdir()
     stale = os.path.join(tmp, f"sbxlimit-{dead:x}-1-abc")
+    # One its owner was removing (renamed away) when it died.
+    trash = os.path.join(tmp, f"sbxlimit-{dead:x}-2-abc.removing")
     live = os.path.join(tmp, f"sbxlimit-{os.getpid():x}-1-abc")
     other = os.path.join(tmp, f"not-ours-{dead:x}")
-    for d in (stale, live, other):
+    for d in (stale, trash, live, other):
         os.makedirs(os.path.join(d, "sub"), exist_ok=True)
     try:
         r = cli("gc", "--dry-run")
         assert f"would remove workspace {stale}" in r.stdout and os.path.exists(stale)
         r = cli("gc")
         assert r.returncode == 0 and f"removed workspace {stale}" in r.stdout
-        assert not os.path.exists(stale)
+        assert not os.path.exists(stale) and not os.path.exists(trash)
         assert os.path.exists(live) and os.path.exists(other)
     finally:
         import shutil
 
-        for d in (stale, live, other):
+        for d in (stale, trash, live, other):
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -84,6 +86,44 @@ def test_the_programs_leftovers_do_not_stop_removal():
         p.wait()
         ws = p.workspace
     assert not os.path.exists(ws)
+
+
+def test_the_tree_is_removed_by_the_supervisor_not_the_caller(monkeypatch):
+    # close() renames the workspace away (its path is gone at once) and the
+    # supervisor thread removes the tree: the caller never waits for rmdirs.
+    from sbxlimit import _workspace
+
+    real, threads = _workspace.remove, []
+
+    def remove(path):
+        real(path)
+        threads.append((threading.current_thread().name, path))
+
+    monkeypatch.setattr(_workspace, "remove", remove)
+    code = "import os; os.makedirs('a/b'); open('a/b/f', 'w').write('x')"
+    with sbxlimit.Popen([PY, "-c", code], policy=POLICY) as p:
+        p.wait()
+        ws = p.workspace
+    assert not os.path.exists(ws) and p.workspace_removed
+    deadline = time.monotonic() + 10
+    while not threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [name for name, _ in threads] == ["sbxlimit-monitor"], threads
+    trash = threads[0][1]
+    assert trash == ws + _workspace.TRASH_SUFFIX and not os.path.exists(trash)
+
+
+def test_an_interpreter_that_exits_at_once_leaves_no_workspace(tmp_path):
+    # The supervisor may not have removed the tree yet: exit does.
+    code = (
+        "import sbxlimit\n"
+        "for _ in range(5):\n"
+        "    sbxlimit.run(['sh', '-c', 'mkdir -p x/y; echo z > x/y/f'],\n"
+        "                 policy=sbxlimit.Policy(protect_dotfiles=False))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
+    subprocess.run([PY, "-c", code], check=True, timeout=60, env=env)
+    assert os.listdir(tmp_path) == []
 
 
 def test_disk_limit_ends_with_reason_disk():
