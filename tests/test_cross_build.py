@@ -102,3 +102,23 @@ def test_the_seatbelt_helper_links_for_macos(target, tmp_path):
     _zig(target, *FLAGS, *inc, *(os.path.join(ROOT, s) for s in srcs), "-o", out, cwd=str(tmp_path))
     with open(out, "rb") as f:
         assert f.read(4) == b"\xcf\xfa\xed\xfe"  # Mach-O, 64-bit
+
+
+WINDOWS_TARGETS = ["x86_64-windows-gnu", "aarch64-windows-gnu"]
+
+
+@pytest.mark.parametrize("target", WINDOWS_TARGETS)
+def test_windows_job_layer_compiles(target, tmp_path):
+    # The job layer and its test program, MinGW-style, on both of Windows's
+    # architectures (x86-64 is also linked and run under Wine:
+    # tests/test_windows_wine.py).
+    srcs = sorted(
+        f"csrc/windows/{f}"
+        for f in os.listdir(os.path.join(ROOT, "csrc", "windows"))
+        if f.endswith(".c") and not f.startswith("_")  # _*: the Python binding
+    )
+    assert "csrc/windows/job.c" in srcs and "csrc/windows/spawn.c" in srcs
+    for src in [*srcs, "tests/c/windows/job_test.c"]:
+        obj = str(tmp_path / (src.replace("/", "_") + ".o"))
+        inc = ["-I", os.path.join(ROOT, "csrc")]
+        _zig(target, *FLAGS, *inc, "-c", os.path.join(ROOT, src), "-o", obj, cwd=str(tmp_path))
