@@ -45,15 +45,35 @@ def sources(platform: str) -> list[str]:
         darwin = ["proctree.c", "seatbelt_apply.c"]
         none = ["cgroup.c", "seccomp.c", "landlock.c", "namespaces.c"]
         return [*COMMON, *(f"csrc/darwin/{f}" for f in darwin), *(f"csrc/none/{f}" for f in none)]
+    if platform == "win32":
+        # Job Objects (csrc/windows/); its own binding: none of the POSIX
+        # core is built there (psutil's split: one binding per platform).
+        return [f"csrc/windows/{f}" for f in ("_corewin.c", "job.c", "spawn.c")]
     none = ["proctree.c", "cgroup.c", "seccomp.c", "landlock.c", "namespaces.c"]
     return [*COMMON, *(f"csrc/none/{f}" for f in none)]
 
 
-compile_args = ["-std=c11", "-Wall", "-Wextra", "-Wshadow", "-Wformat=2"]
+def flags(platform: str, werror: bool) -> tuple[list[str], list[tuple[str, str | None]]]:
+    """Compiler options and macros for `platform`: MSVC's on Windows, gcc-
+    and clang-style elsewhere (MinGW-style builds of the Windows sources are
+    compiled with the latter in tests/test_cross_build.py)."""
+    if platform == "win32":
+        # C4152: Py_mod_exec's slot is a void *, as in every CPython module.
+        args = ["/std:c11", "/W4", "/wd4152", "/utf-8", *(["/WX"] if werror else [])]
+        return args, [("WIN32_LEAN_AND_MEAN", None), ("UNICODE", None), ("_UNICODE", None)]
+    args = [
+        "-std=c11",
+        "-Wall",
+        "-Wextra",
+        "-Wshadow",
+        "-Wformat=2",
+        *(["-Werror"] if werror else []),
+    ]
+    return args, [("_GNU_SOURCE", None)]
+
+
+compile_args, macros = flags(sys.platform, not os.environ.get("SBXLIMIT_NO_WERROR"))
 link_args: list[str] = []
-macros = [("_GNU_SOURCE", None)]
-if not os.environ.get("SBXLIMIT_NO_WERROR"):
-    compile_args.append("-Werror")
 # The helper programs are built as in a release even then: they run inside
 # sandboxes, where ASan's shadow memory cannot be reserved under a memory
 # limit, and the static reaper is what runs in production.

@@ -130,3 +130,44 @@ def landlock_ruleset(
     scoped: int = 0,
     /,
 ) -> tuple[int, int]: ...
+
+if sys.platform == "win32":
+    # csrc/windows/_corewin.c: the Windows build has these and none of the above.
+    HAS_JOB: int
+    JOB_HOW_JOB_LIST: int
+    JOB_HOW_ASSIGN: int
+    JOB_MSG_END_OF_JOB_TIME: int
+    JOB_MSG_ACTIVE_PROCESS_LIMIT: int
+    JOB_MSG_ACTIVE_PROCESS_ZERO: int
+    JOB_MSG_NEW_PROCESS: int
+    JOB_MSG_EXIT_PROCESS: int
+    JOB_MSG_ABNORMAL_EXIT_PROCESS: int
+    JOB_MSG_JOB_MEMORY_LIMIT: int
+
+    def job_create(
+        memory: int, pids: int, cpu_time_100ns: int, cpu_millicores: int, /
+    ) -> tuple[object, int, tuple[str, int] | None]: ...
+    def job_close(job: object, /) -> None: ...
+    def job_spawn(
+        job: object,
+        application: str | None,
+        command_line: str,
+        cwd: str | None,
+        environment: str | None,
+        stdin: int | None,
+        stdout: int | None,
+        stderr: int | None,
+        handles: Sequence[int],
+        creation_flags: int,
+        startup_flags: int = 0,
+        show_window: int = 0,
+        no_job_list: bool = False,
+        /,
+    ) -> tuple[int, int, int, int, int]: ...
+    def job_next_event(job: object, timeout_ms: int, /) -> tuple[int, int] | None: ...
+    def job_usage(job: object, /) -> tuple[int, int, int, int, int, int, int, int, int, int]: ...
+    def job_cpu_time_reached(job: object, /) -> bool: ...
+    def job_kill(job: object, exit_code: int, /) -> None: ...
+    def job_msg_name(msg: int, /) -> str | None: ...
+    def job_msg_reason(msg: int, /) -> str | None: ...
+    def job_cpu_rate(millicores: int, ncpu: int, /) -> int: ...

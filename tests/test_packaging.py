@@ -27,14 +27,26 @@ def test_stub_matches_the_extension():
         tree = ast.parse(f.read())
     stubbed = set()
     body = list(tree.body)
+    windows: list[ast.stmt] = []
     for node in body:
         if isinstance(node, ast.If) and ast.unparse(node.test) == "sys.platform == 'darwin'":
             # What the extension has on macOS only.
             body += node.body if sys.platform == "darwin" else node.orelse
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "sys.platform == 'win32'":
+            # The Windows binding (csrc/windows/_corewin.c): that and nothing else.
+            windows = node.body
         if isinstance(node, ast.FunctionDef):
             stubbed.add(node.name)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             stubbed.add(node.target.id)
+    if sys.platform == "win32":
+        stubbed = {n.name for n in windows if isinstance(n, ast.FunctionDef)}
+        stubbed |= {
+            n.target.id
+            for n in windows
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        }
+    assert windows, "the stub has the Windows binding's names"
     public = {n for n in dir(_core) if not n.startswith("_")}
     assert stubbed == public
 

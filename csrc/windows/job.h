@@ -79,6 +79,11 @@ struct sbx_job_spawn {
     const HANDLE *handles;
     size_t n_handles;
     uint32_t creation_flags; /* the caller's; CREATE_SUSPENDED: left suspended */
+    /* STARTUPINFO's dwFlags (STARTF_USESTDHANDLES is this layer's own) and
+     * wShowWindow, as the caller's startupinfo has them (subprocess hides
+     * the window of a shell: STARTF_USESHOWWINDOW, SW_HIDE). */
+    uint32_t startup_flags;
+    uint16_t show_window;
     /* Testing switch: skip PROC_THREAD_ATTRIBUTE_JOB_LIST and take the
      * suspended-assign-resume way. */
     int no_job_list;

@@ -76,8 +76,10 @@ static BOOL create(const struct sbx_job *job, const struct sbx_job_spawn *s, int
 
     memset(&si, 0, sizeof si);
     si.StartupInfo.cb = sizeof si;
+    si.StartupInfo.dwFlags = s->startup_flags & ~(DWORD)STARTF_USESTDHANDLES;
+    si.StartupInfo.wShowWindow = s->show_window;
     if (s->std_input || s->std_output || s->std_error) {
-        si.StartupInfo.dwFlags = STARTF_USESTDHANDLES;
+        si.StartupInfo.dwFlags |= STARTF_USESTDHANDLES;
         si.StartupInfo.hStdInput = s->std_input;
         si.StartupInfo.hStdOutput = s->std_output;
         si.StartupInfo.hStdError = s->std_error;
