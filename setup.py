@@ -22,6 +22,7 @@ COMMON = [
     "csrc/rlimit.c",
     "csrc/fds.c",
     "csrc/probe.c",
+    "csrc/fsbatch.c",
     "csrc/darwin/seatbelt.c",  # plain C: built (and testable) everywhere
 ]
 

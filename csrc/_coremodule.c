@@ -771,6 +771,81 @@ static PyObject *core_cgroup_fs_kind(PyObject *self, PyObject *arg)
     return PyLong_FromLong(kind);
 }
 
+PyDoc_STRVAR(fs_batch_doc,
+             "fs_batch(steps, stop_at_error, /) -> list[int]\n"
+             "--\n\n"
+             "Run (op, path, data) steps (FS_MKDIR, FS_RMDIR, FS_WRITE,\n"
+             "FS_WRITE_OPTIONAL; data: bytes for a write, else None) in order with the\n"
+             "GIL released once for all of them; returns each step's errno (0: done,\n"
+             "-1: not run, after a failure with stop_at_error).");
+
+static PyObject *core_fs_batch(PyObject *self, PyObject *args)
+{
+    PyObject *seq, *fast = NULL, *keep = NULL, *out = NULL;
+    struct sbx_fs_step *steps = NULL;
+    Py_ssize_t i, n;
+    int stop_at_error;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Op:fs_batch", &seq, &stop_at_error))
+        return NULL;
+    fast = PySequence_Fast(seq, "fs_batch: steps must be a sequence");
+    if (!fast)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    keep = PyList_New(0);
+    steps = PyMem_Calloc((size_t)n + 1, sizeof *steps);
+    if (!keep || !steps) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *path = NULL, *data;
+        int op;
+
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iO&O:fs_batch step", &op,
+                              PyUnicode_FSConverter, &path, &data))
+            goto done;
+        if (PyList_Append(keep, path) < 0) {
+            Py_DECREF(path);
+            goto done;
+        }
+        Py_DECREF(path); /* keep holds it */
+        steps[i].op = op;
+        steps[i].path = PyBytes_AS_STRING(path);
+        if (data != Py_None) {
+            if (!PyBytes_Check(data)) {
+                PyErr_SetString(PyExc_TypeError, "fs_batch: data must be bytes or None");
+                goto done;
+            }
+            steps[i].data = PyBytes_AS_STRING(data);
+            steps[i].len = (size_t)PyBytes_GET_SIZE(data);
+        } else if (op == SBX_FS_WRITE || op == SBX_FS_WRITE_OPTIONAL) {
+            PyErr_SetString(PyExc_TypeError, "fs_batch: a write needs bytes");
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+        sbx_fs_batch(steps, (size_t)n, stop_at_error);
+    Py_END_ALLOW_THREADS
+    out = PyList_New(n);
+    if (!out)
+        goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *err = PyLong_FromLong(steps[i].err);
+        if (!err) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, err);
+    }
+done:
+    PyMem_Free(steps);
+    Py_XDECREF(keep);
+    Py_DECREF(fast);
+    return out;
+}
+
 /* ---- the Seatbelt profile builder (every OS: it is plain C) ------------ */
 
 /* A const char* array over a list of str/bytes paths; the bytes objects are
@@ -1100,6 +1175,7 @@ static PyMethodDef core_methods[] = {
      METH_VARARGS | METH_KEYWORDS, seatbelt_profile_doc},
     {"seatbelt_canonical", core_seatbelt_canonical, METH_O, seatbelt_canonical_doc},
     {"cgroup_fs_kind", core_cgroup_fs_kind, METH_O, cgroup_fs_kind_doc},
+    {"fs_batch", core_fs_batch, METH_VARARGS, fs_batch_doc},
     {"probe", core_probe, METH_VARARGS, probe_doc},
     {"landlock_abi", core_landlock_abi, METH_NOARGS, landlock_abi_doc},
     {"spawn", core_spawn, METH_VARARGS, spawn_doc},
@@ -1158,7 +1234,11 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "VIEW_MAX_RW", SBX_VIEW_MAX_RW) < 0 ||
         PyModule_AddIntConstant(m, "HOW_VM", SBX_HOW_VM) < 0 ||
         PyModule_AddIntConstant(m, "HOW_CLONE3", SBX_HOW_CLONE3) < 0 ||
-        PyModule_AddIntConstant(m, "HOW_INTO_CGROUP", SBX_HOW_INTO_CGROUP) < 0)
+        PyModule_AddIntConstant(m, "HOW_INTO_CGROUP", SBX_HOW_INTO_CGROUP) < 0 ||
+        PyModule_AddIntConstant(m, "FS_MKDIR", SBX_FS_MKDIR) < 0 ||
+        PyModule_AddIntConstant(m, "FS_RMDIR", SBX_FS_RMDIR) < 0 ||
+        PyModule_AddIntConstant(m, "FS_WRITE", SBX_FS_WRITE) < 0 ||
+        PyModule_AddIntConstant(m, "FS_WRITE_OPTIONAL", SBX_FS_WRITE_OPTIONAL) < 0)
         return -1;
 #if defined(__linux__) && !defined(SBX_NO_VFORK)
     if (PyModule_AddIntConstant(m, "HAS_VFORK", 1) < 0)

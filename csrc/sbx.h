@@ -344,6 +344,31 @@ int sbx_landlock_ruleset(uint64_t handled, const char *const *paths, const uint6
  * no filter. */
 int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, int caller_pgid);
 
+/* ---- file system chores in one call (fsbatch.c) ------------------------ */
+
+/* The supervisor's directory work (cgroups made and removed, workspaces
+ * removed) as one call, so that the binding releases the GIL once for all
+ * of it: a thread that takes the GIL back between each of a dozen system
+ * calls delays the caller's thread at each of its own. */
+enum sbx_fs_op {
+    SBX_FS_MKDIR = 1,       /* mkdir(path, 0755) */
+    SBX_FS_RMDIR,           /* rmdir(path) */
+    SBX_FS_WRITE,           /* open(path, O_WRONLY), write data whole, close */
+    SBX_FS_WRITE_OPTIONAL   /* the same; ENOENT counts as done */
+};
+struct sbx_fs_step {
+    int op; /* SBX_FS_* */
+    const char *path;
+    const char *data; /* SBX_FS_WRITE*: what to write */
+    size_t len;
+    int err; /* out: 0, or the errno it failed with (-1: not run) */
+};
+
+/* Run steps in order, filling each one's err.  stop_at_error: stop at the
+ * first failure (the rest get -1); else run them all.  Returns the number
+ * of steps that failed. */
+size_t sbx_fs_batch(struct sbx_fs_step *steps, size_t n, int stop_at_error);
+
 /* ---- doctor's probes (probe.c) ------------------------------------------ */
 
 enum sbx_probe_kind {

@@ -37,6 +37,10 @@ VIEW_MAX_RW: int
 HOW_VM: int
 HOW_CLONE3: int
 HOW_INTO_CGROUP: int
+FS_MKDIR: int
+FS_RMDIR: int
+FS_WRITE: int
+FS_WRITE_OPTIONAL: int
 
 def spawn(
     exec_paths: Sequence[StrOrBytesPath] | None,
@@ -101,6 +105,9 @@ def tree_signal(pid: int, sig: int, pgid: int, /) -> int: ...
 def probe(kind: int, arg: int = 0, timeout_ms: int = 1000, /) -> int: ...
 def landlock_abi() -> int: ...
 def cgroup_fs_kind(path: StrOrBytesPath, /) -> int: ...
+def fs_batch(
+    steps: Sequence[tuple[int, StrOrBytesPath, bytes | None]], stop_at_error: bool, /
+) -> list[int]: ...
 def seatbelt_profile(
     *,
     workspace: StrOrBytesPath | None = None,

@@ -754,7 +754,16 @@ class Monitor:
         with self._lock:
             trash, self._trash = self._trash, []
         for path in trash:
-            _workspace.remove(path)
+            # The usual workspace (its empty tmp/) in one core call, the GIL
+            # released once; a tree the program left, the long way.
+            steps = [
+                (_core.FS_RMDIR, os.path.join(path, "tmp"), None),
+                (_core.FS_RMDIR, path, None),
+            ]
+            if _core.fs_batch(steps, False)[1] == 0:
+                _workspace.forget(path)
+            else:
+                _workspace.remove(path)
 
     def _retire_tick(self, now: float) -> None:
         for cg, until in list(self._retiring.items()):

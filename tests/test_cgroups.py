@@ -539,3 +539,39 @@ def test_grouping_cgroups_go_at_exit_and_come_back():
     # ... and the next sandbox here makes them again.
     r = py("pass", limits=Limits(pids=8))
     assert r.returncode == 0 and r.enforced["pids"] == f"{SITE.label}:pids.max"
+
+
+@needs_cgroup
+def test_create_falls_back_step_by_step_and_leaves_nothing():
+    # The one-call way (_core.fs_batch) stops at a directory left with our
+    # name (an earlier process that had our pid): nothing it made stays,
+    # and the step-by-step way replaces the stale one.
+    from sbxlimit._cgroup import Cgroup
+
+    if SITE.version == 2:
+        settings = (("", "memory.max", "67108864"),)
+    else:
+        settings = (("memory", "memory.limit_in_bytes", "67108864"),)
+    name = f"sbx-{os.getpid():x}-stale-{time.monotonic_ns()}"
+    os.mkdir(os.path.join(dict(SITE.parents)[settings[0][0]], name))
+    cg = Cgroup.create(SITE, name, settings)
+    try:
+        assert cg.dirs and all(os.path.isdir(d) for d in cg.dirs.values())
+        ctrl, fname, _v = settings[0]
+        with open(os.path.join(cg.dirs[ctrl], fname)) as f:
+            assert int(f.read()) == 64 << 20
+    finally:
+        assert cg.remove()
+    assert not any(os.path.exists(os.path.join(p, name)) for _c, p in SITE.parents)
+
+
+@needs_cgroup
+def test_a_refused_setting_leaves_no_directory():
+    from sbxlimit._cgroup import Cgroup
+
+    key = "" if SITE.version == 2 else "memory"
+    fname = "memory.max" if SITE.version == 2 else "memory.limit_in_bytes"
+    name = f"sbx-{os.getpid():x}-refused-{time.monotonic_ns()}"
+    with pytest.raises(OSError, match=f"cannot set {fname}=lots"):
+        Cgroup.create(SITE, name, ((key, fname, "lots"),))
+    assert not any(os.path.exists(os.path.join(p, name)) for _c, p in SITE.parents)
