@@ -438,8 +438,11 @@ def view(
     # deny_write's entries before the protected paths' (as in Landlock).
     read_only = _read_only_cached(tuple(protected)) | _read_only(policy.deny_write)
     for path, source in read_only.items():
-        # Outside the writable trees the view is read-only already.
-        if any(within(path, r) for r in rw) and os.path.lexists(path):
+        # Outside the writable trees the view is read-only already.  One
+        # that does not exist is skipped by the child (ENOENT), not asked
+        # about here: a stat per path costs the caller more than the child's
+        # failed lookup, as each gives the GIL away.
+        if any(within(path, r) for r in rw):
             data = b"" if source == path else os.fsencode(source)
             out.append((_core.VIEW_RO, os.fsencode(path), data))
     for path in dict.fromkeys(real(x) for x in policy.deny_read):
@@ -472,7 +475,7 @@ def _read_only(paths: Iterable[str]) -> ReadOnly:
 # The protected paths' resolution (some 30 paths, each a realpath: a third
 # of a policy spawn's Python time) is reused as long as the search that
 # found them (_protected.TTL): spawns come in bursts.  Whether each exists
-# is asked at every spawn.
+# is the child's to find out, at every spawn.
 _resolved: dict[tuple[str, ...], tuple[float, ReadOnly]] = {}
 _resolved_lock = threading.Lock()
 

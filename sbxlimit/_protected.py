@@ -24,7 +24,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from . import _platform
 from ._policy import DOTFILES, DOTFILES_DARWIN
@@ -195,10 +195,36 @@ def _protected(home: str | None, roots: tuple[str, ...], darwin: bool) -> Found:
     return Found(tuple(dict.fromkeys(paths)), complete)
 
 
+# The notes of `enforced` (what is missing, what is a link) are reused as
+# long as the search: a dozen stats per spawn, for words.  The child itself
+# finds what exists at every spawn.
+_notes: dict[tuple[str, str, tuple[str, ...]], tuple[float, list[str]]] = {}
+
+
+def _noted(kind: str, home: str, roots: Iterable[str], find: Callable[[], list[str]]) -> list[str]:
+    key = (kind, home, tuple(roots))
+    now = time.monotonic()
+    with _lock:
+        hit = _notes.get(key)
+    if hit is not None and now - hit[0] < TTL:
+        return list(hit[1])
+    found = find()
+    with _lock:
+        if len(_notes) > 64:
+            _notes.clear()
+        _notes[key] = (now, found)
+    return list(found)
+
+
 def missing_dotfiles(home: str, roots: Iterable[str]) -> list[str]:
     """HOME's dotfiles that do not exist while HOME lies in a writable root:
     the program could make one (a new ~/.zshrc runs in the user's next
     shell), and no mechanism here can refuse a name that is not there yet."""
+    roots = tuple(roots)
+    return _noted("missing", home, roots, lambda: _missing_dotfiles(home, roots))
+
+
+def _missing_dotfiles(home: str, roots: Iterable[str]) -> list[str]:
     home = os.path.realpath(home)
     if not any(within(home, os.path.realpath(r)) for r in roots):
         return []
@@ -209,6 +235,11 @@ def replaceable_links(home: str, roots: Iterable[str]) -> list[str]:
     """HOME's protected dotfiles reached through a link to a directory (or
     to nothing) while HOME lies in a writable root: a bind mount can cover a
     link to a file, not these, so the program could replace the link."""
+    roots = tuple(roots)
+    return _noted("links", home, roots, lambda: _replaceable_links(home, roots))
+
+
+def _replaceable_links(home: str, roots: Iterable[str]) -> list[str]:
     real = os.path.realpath(home)
     if not any(within(real, os.path.realpath(r)) for r in roots):
         return []
