@@ -351,10 +351,10 @@ int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, in
  * of it: a thread that takes the GIL back between each of a dozen system
  * calls delays the caller's thread at each of its own. */
 enum sbx_fs_op {
-    SBX_FS_MKDIR = 1,       /* mkdir(path, 0755) */
-    SBX_FS_RMDIR,           /* rmdir(path) */
-    SBX_FS_WRITE,           /* open(path, O_WRONLY), write data whole, close */
-    SBX_FS_WRITE_OPTIONAL   /* the same; ENOENT counts as done */
+    SBX_FS_MKDIR = 1,     /* mkdir(path, 0755) */
+    SBX_FS_RMDIR,         /* rmdir(path) */
+    SBX_FS_WRITE,         /* open(path, O_WRONLY), write data whole, close */
+    SBX_FS_WRITE_OPTIONAL /* the same; ENOENT counts as done */
 };
 struct sbx_fs_step {
     int op; /* SBX_FS_* */
