@@ -56,6 +56,7 @@ __all__ = ["Monitor", "Watch", "drain_before_exit", "get_monitor", "signal_tree"
 log = logging.getLogger("sbxlimit")
 
 _HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(select, "epoll")
+_HAS_FS_BATCH = hasattr(_core, "fs_batch")  # the POSIX core's
 # After the last sandbox goes, keep ticking this long before sleeping for
 # good: a burst of spawns then registers without waking the thread.
 _LINGER = 5.0
@@ -760,7 +761,7 @@ class Monitor:
                 (_core.FS_RMDIR, os.path.join(path, "tmp"), None),
                 (_core.FS_RMDIR, path, None),
             ]
-            if _core.fs_batch(steps, False)[1] == 0:
+            if _HAS_FS_BATCH and _core.fs_batch(steps, False)[1] == 0:
                 _workspace.forget(path)
             else:
                 _workspace.remove(path)
