@@ -9,6 +9,7 @@
 See docs/api.md.
 """
 
+import sys as _sys
 from subprocess import DEVNULL, PIPE, STDOUT, CalledProcessError, SubprocessError, TimeoutExpired
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,8 @@ _LAZY = {
     "Termination": "_termination",
     "Usage": "_evidence",
 }
+if _sys.platform == "win32":  # the program is born in a Job Object (_winjob)
+    _LAZY["Popen"] = "_winpopen"
 
 
 def __getattr__(name: str) -> Any:

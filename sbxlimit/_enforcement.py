@@ -51,7 +51,7 @@ class Mechanism(enum.StrEnum):
     SHARED = "shared"  # the caller's terminal, shared as asked (Policy(terminal=True))
     TREE_WALK = "tree walk"  # the supervisor walks the process tree to kill it
     SEATBELT = "seatbelt"  # macOS
-    JOB = "job"  # Windows Job Objects (planned: nothing produces it yet)
+    JOB = "job"  # a field of the sandbox's Windows Job Object (_winjob)
 
 
 # Longest first: "tree walk" before any kind that could prefix it.

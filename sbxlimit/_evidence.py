@@ -12,10 +12,13 @@ the cgroup.
 from __future__ import annotations
 
 import dataclasses
-import resource
+import sys
 from typing import TYPE_CHECKING, Any
 
 from . import _platform
+
+if sys.platform != "win32":  # rusage: POSIX (Windows's usage is its job's, _winjob)
+    import resource
 
 if TYPE_CHECKING:
     from ._cgroup import CgroupStats

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-import resource
 import sys
 import warnings
 from typing import TYPE_CHECKING
@@ -31,6 +30,9 @@ from . import _platform
 from ._enforcement import UNENFORCED, Enforcement
 from ._limits import Limits
 from ._policy import Policy
+
+if sys.platform != "win32":  # no rlimits there: a job holds the limits (_winjob)
+    import resource
 
 if TYPE_CHECKING:
     from ._cgroup import Site
@@ -251,12 +253,16 @@ class Plan:
 
 
 _HARD = (
-    resource.RLIMIT_CPU,
-    resource.RLIMIT_FSIZE,
-    resource.RLIMIT_NOFILE,
-    resource.RLIMIT_DATA,
-    resource.RLIMIT_AS,
-    resource.RLIMIT_NPROC,
+    ()
+    if sys.platform == "win32"
+    else (
+        resource.RLIMIT_CPU,
+        resource.RLIMIT_FSIZE,
+        resource.RLIMIT_NOFILE,
+        resource.RLIMIT_DATA,
+        resource.RLIMIT_AS,
+        resource.RLIMIT_NPROC,
+    )
 )
 _cache: dict[tuple[object, ...], Plan] = {}
 

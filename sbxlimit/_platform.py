@@ -4,7 +4,7 @@ which mechanism plans each limit and protection, in order of preference.
 ``planners()`` is the registry: each entry is a planner of one mechanism's
 module (``_rlimits``, ``_cgroup``, ``_watchdog``, ``_namespaces``,
 ``_landlock``, ``_seccomp``, ``_caps``, ``_seatbelt``, ``_workspace``,
-``_supervisor``); ``_plan.plan()`` runs them in this order, and a field an
+``_supervisor``; on Windows ``_winjob``'s); ``_plan.plan()`` runs them in this order, and a field an
 earlier planner took is left alone by the later ones.  A new mechanism is a
 module with its planners, listed here for the platforms it holds on.
 """
@@ -29,6 +29,7 @@ __all__ = [
     "CLONE_NEWUSER",
     "DARWIN",
     "LINUX",
+    "WINDOWS",
     "can_raise_hard_limits",
     "capability",
     "planners",
@@ -36,6 +37,7 @@ __all__ = [
 
 LINUX = sys.platform.startswith("linux")
 DARWIN = sys.platform == "darwin"
+WINDOWS = sys.platform == "win32"  # Job Objects (_winjob); no rlimits, no cgroups
 
 # linux/sched.h
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
@@ -64,7 +66,11 @@ def can_raise_hard_limits() -> bool:
 
 def planners() -> tuple[Planner, ...]:
     """The planners for this OS, in order (read at each plan: tests stand
-    in for another OS by setting LINUX and DARWIN)."""
+    in for another OS by setting LINUX, DARWIN and WINDOWS)."""
+    if WINDOWS:  # before the POSIX modules, which do not import there
+        from . import _winjob
+
+        return _winjob.PLANNERS
     from . import (
         _caps,
         _cgroup,

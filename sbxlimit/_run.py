@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -12,8 +13,12 @@ from ._errors import LimitExceeded, RunTimeout
 from ._evidence import Usage
 from ._limits import Limits
 from ._policy import Policy
-from ._popen import Popen
 from ._termination import Outcome, Termination
+
+if sys.platform == "win32":  # the Job Object one (_winjob)
+    from ._winpopen import Popen
+else:
+    from ._popen import Popen
 
 if TYPE_CHECKING:
     from ._proxy import NetEvent

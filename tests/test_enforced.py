@@ -233,6 +233,7 @@ def _machines() -> list[dict[str, typing.Any]]:
         {"os": "darwin", "cap": False, "ns": None, "abi": 0, "seccomp": False, "tree": 1},
         {"os": "darwin", "cap": True, "ns": None, "abi": 0, "seccomp": False, "tree": 0},
         {"os": "other", "cap": False, "ns": None, "abi": 0, "seccomp": False, "tree": 0},
+        {"os": "windows", "cap": False, "ns": None, "abi": 0, "seccomp": False, "tree": 0},
     ]
 
 
@@ -256,6 +257,7 @@ def test_every_mechanism_kind_is_a_mechanism(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setattr(_plan, "_cache", {})  # its key does not tell these machines apart
         monkeypatch.setattr(_platform, "LINUX", m["os"] == "linux")
         monkeypatch.setattr(_platform, "DARWIN", m["os"] == "darwin")
+        monkeypatch.setattr(_platform, "WINDOWS", m["os"] == "windows")
         monkeypatch.setattr(_platform, "capability", lambda bit, cap=m["cap"]: cap)
         monkeypatch.setattr(_namespaces, "namespaces", lambda *a, ns=m["ns"], **k: ns)
         monkeypatch.setattr(_core, "landlock_abi", lambda abi=m["abi"]: abi)
@@ -287,7 +289,7 @@ def test_every_mechanism_kind_is_a_mechanism(monkeypatch: pytest.MonkeyPatch) ->
         assert Enforcement(str(e)).mechanisms == e.mechanisms, e
         assert e.held == (e.mechanism is not None), e
     produced = {k for e in rendered for k in e.mechanisms}
-    assert produced == set(Mechanism) - {Mechanism.JOB}
+    assert produced == set(Mechanism)
 
 
 # -- Termination.reason -----------------------------------------------------

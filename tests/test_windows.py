@@ -1,0 +1,232 @@
+"""Windows: the Job Object mechanism (sbxlimit/_winjob.py, _winpopen.py).
+
+Two halves.  The planners and the pure helpers run everywhere, with the
+platform layer standing in for Windows (as tests/test_macos.py does for
+macOS): which job field holds each limit, what is refused under
+strict=True and why, the job's fields, the environment block.  The real
+sandboxes -- a limit hit ends the job with its reason, kill_tree ends the
+tree, subprocess's behaviour is kept -- run on Windows only (the GitHub
+workflow's windows job); elsewhere they skip, saying so.  The C layer
+itself runs under Wine: tests/test_windows_wine.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+
+import sbxlimit
+from sbxlimit import Limits, Mechanism, Policy, _platform, _winjob
+
+WINDOWS = sys.platform == "win32"
+on_windows = pytest.mark.skipif(not WINDOWS, reason="a Job Object needs Windows")
+
+
+@pytest.fixture
+def as_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_platform, "LINUX", False)
+    monkeypatch.setattr(_platform, "DARWIN", False)
+    monkeypatch.setattr(_platform, "WINDOWS", True)
+
+
+def _by(e: str) -> str:
+    """What holds it, without the caveats."""
+    return str(e).split(" (", 1)[0]
+
+
+# -- the plan, on any OS ---------------------------------------------------
+
+
+def test_the_platform_layer_picks_the_job_planners(as_windows: None) -> None:
+    assert _platform.planners() == _winjob.PLANNERS
+
+
+def test_each_limit_is_held_by_its_job_field(as_windows: None) -> None:
+    lim = Limits(memory="256Mi", pids=16, cpu_time="10s", cpu="500m", wall_time="30s")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing asked is downgraded
+        p = _winjob.plan(lim, None)
+    e = p.enforced
+    assert _by(e["memory"]) == "job:JobMemoryLimit"
+    assert _by(e["pids"]) == "job:ActiveProcessLimit"
+    assert _by(e["cpu_time"]) == "job:PerJobUserTimeLimit"
+    assert _by(e["cpu"]) == "job:CpuRateControl"
+    assert _by(e["wall_time"]) == "watchdog:wall_time"
+    assert _by(e["die_with_parent"]) == "job:KILL_ON_JOB_CLOSE"
+    assert all(v.held for v in e.values())
+    assert {v.mechanism for v in e.values()} == {Mechanism.JOB, Mechanism.WATCHDOG}
+    assert not p.downgrades
+    assert p.wall_time == 30
+
+
+def test_the_job_gets_exactly_the_fields_it_holds(as_windows: None) -> None:
+    lim = Limits(memory="64Mi", pids=4, cpu_time="1.5s", cpu="250m")
+    jl = _winjob.job_limits(_winjob.plan(lim, None), lim)
+    assert jl == _winjob.JobLimits(64 << 20, 4, 15_000_000, 250)
+    assert _winjob.job_limits(_winjob.plan(None, Policy()), None) == _winjob.JobLimits()
+    only = Limits(wall_time=5)
+    assert _winjob.job_limits(_winjob.plan(only, None), only) == _winjob.JobLimits()
+
+
+def test_what_windows_cannot_hold_is_said_with_the_reason(as_windows: None) -> None:
+    lim = Limits(open_files=64, file_size="1Mi", address_space="1Gi", output="1Mi", disk="1Gi")
+    pol = Policy(network="deny", writable_roots=[os.path.abspath("work")])
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        p = _winjob.plan(lim, pol)
+    down = p.downgrades
+    for field in ("open_files", "file_size", "address_space", "output", "disk"):
+        assert field in down, field
+    assert "AppContainer" in down["files"]
+    assert "AppContainer" in down["network"] and "internetClient" in down["network"]
+    assert "protect_dotfiles" in down
+    assert not p.enforced["files"].held
+
+
+def test_strict_refuses_before_anything_starts(as_windows: None) -> None:
+    # The Windows Popen raises what Sandbox.prepare raises: the plan's
+    # downgrades, before any process or job exists.
+    p = _winjob.plan(Limits(memory="1Gi"), Policy(strict=True))
+    assert p.downgrades and "files" in p.downgrades
+    assert _winjob.plan(Limits(memory="1Gi"), None).downgrades == {}
+
+
+def test_the_environment_block() -> None:
+    block = _winjob.env_block({"path": "C:\\bin", "A": "1", "=C:": "C:\\"})
+    assert block == "=C:=C:\\\0A=1\0path=C:\\bin\0\0"
+    assert _winjob.env_block({}) == "\0\0"
+    for bad in ({"A=B": "1"}, {"A": "x\0y"}, {"": "1"}):
+        with pytest.raises(ValueError):
+            _winjob.env_block(bad)
+
+
+@pytest.mark.skipif(WINDOWS, reason="the POSIX Popen is the one elsewhere")
+def test_popen_is_the_posix_one_elsewhere() -> None:
+    from sbxlimit import _popen
+
+    assert sbxlimit.Popen is _popen.Popen
+
+
+# -- real sandboxes, on Windows ----------------------------------------------
+
+PY = sys.executable
+
+
+def _run(code: str, **kw: object) -> sbxlimit.SandboxResult:
+    return sbxlimit.run([PY, "-c", textwrap.dedent(code)], capture_output=True, **kw)  # type: ignore[arg-type]
+
+
+@on_windows
+def test_a_program_in_a_job_keeps_subprocess_behaviour() -> None:
+    from sbxlimit import _winpopen
+
+    assert sbxlimit.Popen is _winpopen.Popen
+    with sbxlimit.Popen(
+        [PY, "-c", "import sys; print(sys.stdin.read().upper())"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        limits={"memory": "512Mi", "pids": 8},
+        creationflags=subprocess.CREATE_NEW_PROCESS_GROUP,
+    ) as p:
+        out, _ = p.communicate("hello", timeout=60)
+    assert out.strip() == "HELLO"
+    assert p.returncode == 0
+    t = p.termination
+    assert t is not None and t.reason == "exited"
+    assert _by(p.enforced["memory"]) == "job:JobMemoryLimit"
+    assert p.usage().cpu_user is not None
+
+
+@on_windows
+def test_the_program_is_in_its_job() -> None:
+    code = """
+        import ctypes
+        k = ctypes.windll.kernel32
+        r = ctypes.c_int()
+        k.IsProcessInJob(k.GetCurrentProcess(), None, ctypes.byref(r))
+        print(r.value)
+    """
+    r = _run(code, limits={"pids": 4})
+    assert r.stdout.strip() == b"1"
+
+
+@on_windows
+def test_memory_limit_ends_the_job() -> None:
+    r = _run("b = bytearray(512 * 1024 * 1024)", limits={"memory": "128Mi"}, timeout=60)
+    assert r.termination.reason == "memory", r.termination.message
+    assert r.termination.mechanism == "job:JobMemoryLimit"
+
+
+@on_windows
+def test_pids_limit_ends_the_job() -> None:
+    code = f"""
+        import subprocess
+        ps = [subprocess.Popen([{PY!r}, "-c", "import time; time.sleep(20)"]) for _ in range(4)]
+    """
+    r = _run(code, limits={"pids": 2}, timeout=60)
+    assert r.termination.reason == "pids", r.termination.message
+
+
+@on_windows
+def test_cpu_time_limit_ends_the_job() -> None:
+    r = _run("while True: pass", limits={"cpu_time": "1s"}, timeout=60)
+    assert r.termination.reason == "cpu_time", r.termination.message
+    assert r.returncode == _winjob.ERROR_NOT_ENOUGH_QUOTA
+
+
+@on_windows
+def test_wall_time_ends_the_job() -> None:
+    start = time.monotonic()
+    r = _run("import time; time.sleep(60)", limits={"wall_time": "1s"}, timeout=60)
+    assert r.termination.reason == "wall_time"
+    assert time.monotonic() - start < 30
+
+
+@on_windows
+def test_kill_tree_ends_the_child_and_its_child() -> None:
+    code = f"""
+        import subprocess, sys
+        c = subprocess.Popen([{PY!r}, "-c", "import time; time.sleep(60)"])
+        print(c.pid, flush=True)
+        c.wait()
+    """
+    p = sbxlimit.Popen([PY, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE, limits={})
+    grandchild = int(p.stdout.readline())  # type: ignore[union-attr]
+    p.kill_tree()
+    assert p.returncode is not None
+    import ctypes
+
+    k = ctypes.windll.kernel32  # type: ignore[attr-defined]
+    h = k.OpenProcess(0x00100000, False, grandchild)  # SYNCHRONIZE
+    try:
+        assert not h or k.WaitForSingleObject(h, 10000) == 0
+    finally:
+        if h:
+            k.CloseHandle(h)
+    p.stdout.close()  # type: ignore[union-attr]
+    t = p.termination
+    assert t is not None and t.reason == "exited"
+
+
+@on_windows
+def test_strict_policy_raises_before_the_program_starts(tmp_path) -> None:
+    mark = tmp_path / "ran"
+    with pytest.raises(sbxlimit.UnsupportedError):
+        sbxlimit.Popen([PY, "-c", f"open({str(mark)!r}, 'w')"], policy={"strict": True})
+    assert not mark.exists()
+
+
+@on_windows
+def test_doctor_tries_each_job_limit() -> None:
+    report = sbxlimit.doctor()
+    names = {c.name for c in report.checks}
+    assert {"job", "job_memory", "job_pids", "job_cpu_time", "job_cpu_rate"} <= names
+    assert report.check("job").status == "ok"
+    assert _by(report.summary["memory"]) == "job:JobMemoryLimit"
