@@ -21,11 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _core, _platform
-from ._cgroup import discover
-from ._cgroupfs import mounts, own_cgroups, v2_mount
 from ._enforcement import Enforcement
 from ._limits import Limits
-from ._namespaces import namespaces, userns_blockers
 from ._plan import plan
 from ._platform import (
     CLONE_NEWNET,
@@ -35,6 +32,11 @@ from ._platform import (
     can_raise_hard_limits,
 )
 from ._policy import Policy
+
+if sys.platform != "win32":  # the POSIX mechanisms; Windows's checks are _windoctor's
+    from ._cgroup import discover
+    from ._cgroupfs import mounts, own_cgroups, v2_mount
+    from ._namespaces import namespaces, userns_blockers
 
 __all__ = ["Check", "Report", "doctor"]
 
@@ -181,6 +183,10 @@ def doctor() -> Report:
             _check_process_tree,
             _check_darwin_limits,
         ]
+    elif _platform.WINDOWS:
+        from ._windoctor import PROBES
+
+        probes = list(PROBES)
     else:
         probes = [_check_unsupported_os]
     checks = []
@@ -190,7 +196,12 @@ def doctor() -> Report:
         except Exception as e:  # a broken probe must not break the report
             name = getattr(probe, "__name__", "probe").removeprefix("_check_")
             checks.append(Check(name, UNAVAILABLE, f"probe failed: {e!r}"))
-    summary = plan(_REFERENCE_LIMITS, Policy(), uid=os.geteuid(), site=discover()).enforced
+    if _platform.WINDOWS:
+        from ._winjob import plan as plan_job
+
+        summary = plan_job(_REFERENCE_LIMITS, Policy()).enforced
+    else:
+        summary = plan(_REFERENCE_LIMITS, Policy(), uid=os.geteuid(), site=discover()).enforced
     return Report(system, tuple(checks), dict(summary))
 
 
@@ -215,7 +226,8 @@ def _system() -> dict[str, Any]:
         "kernel": platform.release(),
         "arch": platform.machine(),
         "python": platform.python_version(),
-        "uid": os.geteuid(),
+        # Windows has no uid: the user's name stands there.
+        "uid": os.geteuid() if hasattr(os, "geteuid") else os.environ.get("USERNAME", "?"),
         "capabilities": _capabilities() if _LINUX else [],
     }
 
@@ -820,8 +832,8 @@ def _check_unsupported_os() -> Check:
     return Check(
         "platform",
         UNAVAILABLE,
-        f"{sys.platform} is not supported yet (Windows Job Objects are planned)",
-        "use Linux or macOS",
+        f"{sys.platform} is not supported yet",
+        "use Linux, macOS or Windows",
     )
 
 
