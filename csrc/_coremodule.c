@@ -775,14 +775,18 @@ PyDoc_STRVAR(fs_batch_doc,
              "fs_batch(steps, stop_at_error, /) -> list[int]\n"
              "--\n\n"
              "Run (op, path, data) steps (FS_MKDIR, FS_RMDIR, FS_WRITE,\n"
-             "FS_WRITE_OPTIONAL; data: bytes for a write, else None) in order with the\n"
-             "GIL released once for all of them; returns each step's errno (0: done,\n"
-             "-1: not run, after a failure with stop_at_error).");
+             "FS_WRITE_OPTIONAL, FS_READ; data: bytes for a write, else None) in order\n"
+             "with the GIL released once for all of them; returns each step's errno\n"
+             "(0: done, -1: not run, after a failure with stop_at_error), or for a\n"
+             "read that succeeded the bytes read (a file of FS_READ_MAX bytes or more\n"
+             "fails with EFBIG: never a truncated read).");
 
 static PyObject *core_fs_batch(PyObject *self, PyObject *args)
 {
     PyObject *seq, *fast = NULL, *keep = NULL, *out = NULL;
     struct sbx_fs_step *steps = NULL;
+    char *bufs = NULL;
+    size_t n_reads = 0;
     Py_ssize_t i, n;
     int stop_at_error;
 
@@ -824,6 +828,23 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_TypeError, "fs_batch: a write needs bytes");
             goto done;
         }
+        if (op == SBX_FS_READ)
+            n_reads++;
+    }
+    if (n_reads > 0) {
+        size_t r = 0;
+
+        bufs = PyMem_Malloc(n_reads * SBX_FS_READ_MAX);
+        if (!bufs) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (i = 0; i < n; i++) {
+            if (steps[i].op != SBX_FS_READ)
+                continue;
+            steps[i].buf = bufs + r++ * SBX_FS_READ_MAX;
+            steps[i].cap = SBX_FS_READ_MAX;
+        }
     }
     Py_BEGIN_ALLOW_THREADS
         sbx_fs_batch(steps, (size_t)n, stop_at_error);
@@ -832,7 +853,9 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
     if (!out)
         goto done;
     for (i = 0; i < n; i++) {
-        PyObject *err = PyLong_FromLong(steps[i].err);
+        PyObject *err = steps[i].op == SBX_FS_READ && steps[i].err == 0
+                            ? PyBytes_FromStringAndSize(steps[i].buf, (Py_ssize_t)steps[i].len)
+                            : PyLong_FromLong(steps[i].err);
         if (!err) {
             Py_CLEAR(out);
             goto done;
@@ -840,6 +863,7 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
         PyList_SET_ITEM(out, i, err);
     }
 done:
+    PyMem_Free(bufs);
     PyMem_Free(steps);
     Py_XDECREF(keep);
     Py_DECREF(fast);
@@ -1238,7 +1262,9 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "FS_MKDIR", SBX_FS_MKDIR) < 0 ||
         PyModule_AddIntConstant(m, "FS_RMDIR", SBX_FS_RMDIR) < 0 ||
         PyModule_AddIntConstant(m, "FS_WRITE", SBX_FS_WRITE) < 0 ||
-        PyModule_AddIntConstant(m, "FS_WRITE_OPTIONAL", SBX_FS_WRITE_OPTIONAL) < 0)
+        PyModule_AddIntConstant(m, "FS_WRITE_OPTIONAL", SBX_FS_WRITE_OPTIONAL) < 0 ||
+        PyModule_AddIntConstant(m, "FS_READ", SBX_FS_READ) < 0 ||
+        PyModule_AddIntConstant(m, "FS_READ_MAX", SBX_FS_READ_MAX) < 0)
         return -1;
 #if defined(__linux__) && !defined(SBX_NO_VFORK)
     if (PyModule_AddIntConstant(m, "HAS_VFORK", 1) < 0)

@@ -27,7 +27,38 @@ static int write_whole(const char *path, const char *data, size_t len)
     return saved;
 }
 
-static int run_step(const struct sbx_fs_step *s)
+static int read_whole(struct sbx_fs_step *s)
+{
+    int fd, saved = 0;
+    ssize_t n;
+
+    s->len = 0;
+    do {
+        fd = open(s->path, O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return errno;
+    for (;;) {
+        if (s->len >= s->cap) { /* full: whether more follows is unknown */
+            saved = EFBIG;
+            break;
+        }
+        n = read(fd, s->buf + s->len, s->cap - s->len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            saved = errno;
+            break;
+        }
+        if (n == 0)
+            break;
+        s->len += (size_t)n;
+    }
+    close(fd);
+    return saved;
+}
+
+static int run_step(struct sbx_fs_step *s)
 {
     switch (s->op) {
     case SBX_FS_MKDIR:
@@ -40,6 +71,8 @@ static int run_step(const struct sbx_fs_step *s)
         int err = write_whole(s->path, s->data, s->len);
         return err == ENOENT ? 0 : err;
     }
+    case SBX_FS_READ:
+        return read_whole(s);
     default:
         return EINVAL;
     }

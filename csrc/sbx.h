@@ -351,18 +351,25 @@ int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, in
  * of it: a thread that takes the GIL back between each of a dozen system
  * calls delays the caller's thread at each of its own. */
 enum sbx_fs_op {
-    SBX_FS_MKDIR = 1,     /* mkdir(path, 0755) */
-    SBX_FS_RMDIR,         /* rmdir(path) */
-    SBX_FS_WRITE,         /* open(path, O_WRONLY), write data whole, close */
-    SBX_FS_WRITE_OPTIONAL /* the same; ENOENT counts as done */
+    SBX_FS_MKDIR = 1,      /* mkdir(path, 0755) */
+    SBX_FS_RMDIR,          /* rmdir(path) */
+    SBX_FS_WRITE,          /* open(path, O_WRONLY), write data whole, close */
+    SBX_FS_WRITE_OPTIONAL, /* the same; ENOENT counts as done */
+    SBX_FS_READ            /* read the whole file into buf (less than cap bytes) */
 };
 struct sbx_fs_step {
     int op; /* SBX_FS_* */
     const char *path;
     const char *data; /* SBX_FS_WRITE*: what to write */
-    size_t len;
-    int err; /* out: 0, or the errno it failed with (-1: not run) */
+    size_t len;       /* SBX_FS_READ: out, the bytes read */
+    char *buf;        /* SBX_FS_READ: where (a file that fills it is EFBIG: */
+    size_t cap;       /* never a truncated read taken for the whole) */
+    int err;          /* out: 0, or the errno it failed with (-1: not run) */
 };
+
+/* The buffer the binding gives each SBX_FS_READ: the cgroup files read
+ * this way (counters, stat lines) are a few hundred bytes. */
+#define SBX_FS_READ_MAX 8192
 
 /* Run steps in order, filling each one's err.  stop_at_error: stop at the
  * first failure (the rest get -1); else run them all.  Returns the number

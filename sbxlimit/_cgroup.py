@@ -28,7 +28,7 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from . import _core
 from ._cgroupfs import mounts, own_cgroups
@@ -412,6 +412,7 @@ def _kv(text: str) -> dict[str, int]:
 
 
 # Settings a kernel may lack (no swap accounting, older kernels): skipped.
+_HAS_FS_BATCH = hasattr(_core, "fs_batch")  # the POSIX core's
 OPTIONAL = frozenset({"memory.swap.max", "memory.memsw.limit_in_bytes", "memory.oom.group"})
 _USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -613,30 +614,72 @@ class Cgroup:
                 return
             time.sleep(0.001)
 
+    def _stats_files(self, final: bool, evidence: bool) -> list[tuple[str, str]]:
+        """The files stats() reads, as (controller, name)."""
+        if self.site.version == 2:
+            files = [("memory", "memory.peak"), ("pids", "pids.peak"), ("cpu", "cpu.stat")]
+            if not final:
+                files += [("memory", "memory.current"), ("pids", "pids.current")]
+            if evidence:
+                files += [("memory", "memory.events"), ("pids", "pids.events")]
+            return files
+        files = [
+            ("memory", "memory.max_usage_in_bytes"),
+            ("pids", "pids.peak"),
+            ("cpuacct", "cpuacct.stat"),
+            ("cpuacct", "cpuacct.usage"),
+        ]
+        if "cpu" in self.dirs:
+            files.append(("cpu", "cpu.stat"))
+        if not final:
+            files += [("memory", "memory.usage_in_bytes"), ("pids", "pids.current")]
+        if evidence:
+            files += [("memory", "memory.oom_control"), ("pids", "pids.events")]
+        return files
+
+    def _read_all(self, files: list[tuple[str, str]]) -> Callable[[str, str], str]:
+        """Read `files` in one core call (the GIL released once, not once
+        per open, read and close); returns a reader of what was read that
+        falls back to _get for anything else."""
+        got: dict[tuple[str, str], str] = {}
+        if _HAS_FS_BATCH:
+            keys = [(k, path) for k in files if (path := self._path(*k)) is not None]
+            out = _core.fs_batch([(_core.FS_READ, path, None) for _k, path in keys], False)
+            for (k, path), r in zip(keys, out, strict=True):
+                if isinstance(r, bytes):
+                    got[k] = r.decode()
+                elif r == errno.EFBIG:
+                    got[k] = _read(path)  # larger than the core's buffer
+                else:
+                    got[k] = ""  # as _read: a file not there reads as nothing
+
+        def get(ctrl: str, fname: str) -> str:
+            text = got.get((ctrl, fname))
+            return self._get(ctrl, fname) if text is None else text
+
+        return get
+
     def stats(self, *, final: bool = False, evidence: bool = True) -> CgroupStats:
         """Usage and (`evidence`) the event counters now; `final`: once
         empty, without the "now" figures.  Peaks fall back to the largest
         sample."""
         s = CgroupStats()
         v2 = self.site.version == 2
-        mem = (
-            ""
-            if final
-            else self._get("memory", "memory.current" if v2 else "memory.usage_in_bytes")
-        )
+        get = self._read_all(self._stats_files(final, evidence))
+        mem = "" if final else get("memory", "memory.current" if v2 else "memory.usage_in_bytes")
         if mem.strip().isdigit():
             s.memory_now = int(mem)
             self.peak_memory = max(self.peak_memory, s.memory_now)
-        peak = self._get("memory", "memory.peak" if v2 else "memory.max_usage_in_bytes")
+        peak = get("memory", "memory.peak" if v2 else "memory.max_usage_in_bytes")
         s.memory_peak = int(peak) if peak.strip().isdigit() else (self.peak_memory or None)
-        pids = "" if final else self._get("pids", "pids.current")
+        pids = "" if final else get("pids", "pids.current")
         if pids.strip().isdigit():
             s.pids_now = int(pids)
             self.peak_pids = max(self.peak_pids, s.pids_now)
-        ppeak = self._get("pids", "pids.peak")
+        ppeak = get("pids", "pids.peak")
         s.pids_peak = int(ppeak) if ppeak.strip().isdigit() else (self.peak_pids or None)
         if v2:
-            cpu = _kv(self._get("cpu", "cpu.stat"))
+            cpu = _kv(get("cpu", "cpu.stat"))
             if "user_usec" in cpu:
                 s.cpu_user = cpu["user_usec"] / 1e6
                 s.cpu_system = cpu.get("system_usec", 0) / 1e6
@@ -644,11 +687,11 @@ class Cgroup:
                 s.throttled_periods = cpu["nr_throttled"]
                 s.throttled_seconds = cpu.get("throttled_usec", 0) / 1e6
         else:
-            acct = _kv(self._get("cpuacct", "cpuacct.stat"))
+            acct = _kv(get("cpuacct", "cpuacct.stat"))
             if "user" in acct:
                 s.cpu_user = acct["user"] / _USER_HZ
                 s.cpu_system = acct.get("system", 0) / _USER_HZ
-                total = self._get("cpuacct", "cpuacct.usage").strip()
+                total = get("cpuacct", "cpuacct.usage").strip()
                 if total.isdigit():  # ns, more precise than ticks: scale
                     ticks = s.cpu_user + s.cpu_system
                     secs = int(total) / 1e9
@@ -660,15 +703,17 @@ class Cgroup:
                     else:
                         s.cpu_user, s.cpu_system = secs, 0.0
             if "cpu" in self.dirs:
-                cpu = _kv(self._get("cpu", "cpu.stat"))
+                cpu = _kv(get("cpu", "cpu.stat"))
                 if "nr_throttled" in cpu:
                     s.throttled_periods = cpu["nr_throttled"]
                     s.throttled_seconds = cpu.get("throttled_time", 0) / 1e9
         if evidence:
-            s.oom_kills, s.pids_refused, _cpu = self.counters(("memory", "pids"))
+            s.oom_kills, s.pids_refused, _cpu = self.counters(("memory", "pids"), get)
         return s
 
-    def counters(self, which: Iterable[str]) -> tuple[int, int, float | None]:
+    def counters(
+        self, which: Iterable[str], get: Callable[[str, str], str] | None = None
+    ) -> tuple[int, int, float | None]:
         """(OOM kills, refused forks, CPU seconds) now, of the fields in
         `which` (memory, pids, cpu_time): the evidence that a limit was hit,
         read cheaply enough to sample.  CPU is None where not read or where
@@ -676,17 +721,18 @@ class Cgroup:
         oom = refused = 0
         cpu: float | None = None
         v2 = self.site.version == 2
+        get = get or self._get
         for field in which:
             if field == "memory":
-                text = self._get("memory", "memory.events" if v2 else "memory.oom_control")
+                text = get("memory", "memory.events" if v2 else "memory.oom_control")
                 oom = _kv(text).get("oom_kill", 0)
             elif field == "pids":
-                refused = _kv(self._get("pids", "pids.events")).get("max", 0)
+                refused = _kv(get("pids", "pids.events")).get("max", 0)
             elif v2:
-                usec = _kv(self._get("cpu", "cpu.stat")).get("usage_usec")
+                usec = _kv(get("cpu", "cpu.stat")).get("usage_usec")
                 cpu = None if usec is None else usec / 1e6
             else:
-                ns = self._get("cpuacct", "cpuacct.usage").strip()
+                ns = get("cpuacct", "cpuacct.usage").strip()
                 cpu = int(ns) / 1e9 if ns.isdigit() else None
         return oom, refused, cpu
 

@@ -41,6 +41,8 @@ FS_MKDIR: int
 FS_RMDIR: int
 FS_WRITE: int
 FS_WRITE_OPTIONAL: int
+FS_READ: int
+FS_READ_MAX: int
 
 def spawn(
     exec_paths: Sequence[StrOrBytesPath] | None,
@@ -107,7 +109,7 @@ def landlock_abi() -> int: ...
 def cgroup_fs_kind(path: StrOrBytesPath, /) -> int: ...
 def fs_batch(
     steps: Sequence[tuple[int, StrOrBytesPath, bytes | None]], stop_at_error: bool, /
-) -> list[int]: ...
+) -> list[int | bytes]: ...
 def seatbelt_profile(
     *,
     workspace: StrOrBytesPath | None = None,
