@@ -22,9 +22,11 @@ import time
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _platform
-from ._evidence import KillRecord, Usage
+from ._enforcement import Enforcement
+from ._evidence import Evidence, KillRecord, Usage
 from ._plan import Plan, Request
 from ._supervisor import plan_no_pid_namespace
+from ._termination import Outcome
 from ._workspace import plan_workdir, plan_workspace
 
 if sys.platform == "win32":
@@ -440,6 +442,23 @@ class Job:
                 pass
         self.final = self._usage(self.ended)
         self.close()
+
+    def outcome(self, returncode: int, enforced: dict[str, Enforcement]) -> Outcome:
+        """The verdict's evidence, as ``_termination`` decides from it: the
+        job's kill record and hits, and its usage (no rusage here)."""
+        u = self.usage()
+        evidence = Evidence(
+            program=self.program,
+            returncode=returncode,
+            created=True,
+            wall=u.wall,
+            kill=self.kill,
+            hits=frozenset(self.hits),
+            killed_by_caller=self.killed_by_caller,
+        )
+        outcome = Outcome(evidence, self.limits, enforced)
+        outcome._usage = u
+        return outcome
 
     def close(self) -> None:
         """Close the job (KILL_ON_JOB_CLOSE: nothing of it survives)."""

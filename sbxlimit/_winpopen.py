@@ -369,19 +369,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
     def _sbx_outcome(self) -> Outcome:
         rc = self.returncode if self.returncode is not None else 0
-        job = self._job
+        if self._job is not None:
+            return self._job.outcome(rc, self.enforced)
         u = self.usage()
-        evidence = Evidence(
-            program=self._program,
-            returncode=rc,
-            created=self._child_created,
-            wall=u.wall,
-            kill=job.kill if job is not None else None,
-            hits=frozenset(job.hits) if job is not None else frozenset(),
-            killed_by_caller=job.killed_by_caller if job is not None else False,
-        )
+        evidence = Evidence(self._program, rc, self._child_created, u.wall)
         outcome = Outcome(evidence, self.limits, self.enforced)
-        outcome._usage = u  # the job's figures: no rusage here
+        outcome._usage = u
         return outcome
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import typing
 import warnings
 
 import pytest
@@ -273,3 +274,161 @@ def test_the_windows_modules_type_check_for_windows() -> None:
         cwd=os.path.dirname(pkg),
     )
     assert r.returncode == 0, r.stdout
+
+
+# -- one job's supervisor, against a model of the core ----------------------
+
+
+class FakeCore:
+    """The core's job_* as Windows behaves (docs/windows.md): messages come
+    from a queue, a kill empties the job (ACTIVE_PROCESS_ZERO), usage is
+    what the test says."""
+
+    JOB_MSG_END_OF_JOB_TIME = 1
+    JOB_MSG_ACTIVE_PROCESS_LIMIT = 3
+    JOB_MSG_ACTIVE_PROCESS_ZERO = 4
+    JOB_MSG_NEW_PROCESS = 6
+    JOB_MSG_EXIT_PROCESS = 7
+    JOB_MSG_JOB_MEMORY_LIMIT = 10
+    REASONS: typing.ClassVar = {10: "memory", 3: "pids", 1: "cpu_time"}
+
+    def __init__(self) -> None:
+        import queue
+
+        self.events: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.kills: list[int] = []
+        self.closed = False
+        self.created: tuple[int, ...] = ()
+        self.usage = (12_000_000, 3_000_000, 3, 1, 0, 0, 0, 0, 70 << 20, 40 << 20)
+        self.cpu_time_reached = False
+
+    def job_create(self, *limits: int) -> tuple[object, int, None]:
+        self.created = limits
+        return object(), 1 if limits[3] else 0, None
+
+    def job_next_event(self, job: object, ms: int) -> tuple[int, int] | None:
+        import queue
+
+        try:
+            return self.events.get(timeout=ms / 1000)
+        except queue.Empty:
+            return None
+
+    def job_msg_reason(self, msg: int) -> str | None:
+        return self.REASONS.get(msg)
+
+    def job_usage(self, job: object) -> tuple[int, ...]:
+        return self.usage
+
+    def job_kill(self, job: object, code: int) -> None:
+        self.kills.append(code)
+        self.events.put((self.JOB_MSG_ACTIVE_PROCESS_ZERO, 0))
+
+    def job_cpu_time_reached(self, job: object) -> bool:
+        return self.cpu_time_reached
+
+    def job_close(self, job: object) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def core(as_windows: None, monkeypatch: pytest.MonkeyPatch) -> FakeCore:
+    fake = FakeCore()
+    monkeypatch.setattr(_winjob, "_core", fake)
+    return fake
+
+
+def _job(limits: Limits) -> _winjob.Job:
+    job = _winjob.Job(limits, _winjob.plan(limits, None), "prog")
+    job.start(1)
+    return job
+
+
+def _wait_for(cond: typing.Callable[[], bool], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    assert cond()
+
+
+def test_the_job_is_made_with_its_fields(core: FakeCore) -> None:
+    job = _job(Limits(memory="64Mi", pids=4, cpu_time="2s", cpu="1500m"))
+    assert core.created == (64 << 20, 4, 20_000_000, 1500)
+    job.finish(0)
+    assert core.closed and core.kills == [_winjob.KILL_EXIT_CODE]  # leftovers end with it
+
+
+def test_a_memory_message_ends_the_job(core: FakeCore) -> None:
+    lim = Limits(memory="64Mi")
+    job = _job(lim)
+    core.events.put((core.JOB_MSG_JOB_MEMORY_LIMIT, 0))
+    _wait_for(lambda: bool(core.kills))
+    job.finish(1)
+    t = job.outcome(1, _winjob.plan(lim, None).enforced).termination()
+    assert t.reason == "memory" and t.mechanism == "job:JobMemoryLimit"
+    assert t.observed == 70 << 20 and t.limit == 64 << 20
+    assert job.usage().cpu_user == 1.2 and job.usage().memory_peak == 70 << 20
+
+
+def test_a_process_limit_message_ends_the_job(core: FakeCore) -> None:
+    lim = Limits(pids=2)
+    job = _job(lim)
+    core.events.put((core.JOB_MSG_NEW_PROCESS, 7))
+    core.events.put((core.JOB_MSG_ACTIVE_PROCESS_LIMIT, 0))
+    _wait_for(lambda: bool(core.kills))
+    job.finish(_winjob.KILL_EXIT_CODE)
+    t = job.outcome(_winjob.KILL_EXIT_CODE, _winjob.plan(lim, None).enforced).termination()
+    assert t.reason == "pids" and t.mechanism == "job:ActiveProcessLimit"
+
+
+def test_a_tolerated_limit_is_a_hit_not_an_end(core: FakeCore) -> None:
+    lim = Limits(memory="64Mi", tolerate=["memory"])
+    job = _job(lim)
+    core.events.put((core.JOB_MSG_JOB_MEMORY_LIMIT, 0))
+    time.sleep(0.3)
+    assert core.kills == []
+    core.events.put((core.JOB_MSG_ACTIVE_PROCESS_ZERO, 0))
+    job.finish(0)
+    t = job.outcome(0, _winjob.plan(lim, None).enforced).termination()
+    assert t.reason == "exited" and "memory" in t.hits
+
+
+def test_the_user_time_limit_is_proven_by_the_jobs_count(core: FakeCore) -> None:
+    # Windows ends the job itself (status 1816) and posts nothing.
+    lim = Limits(cpu_time="1s")
+    job = _job(lim)
+    core.cpu_time_reached = True
+    core.events.put((core.JOB_MSG_ACTIVE_PROCESS_ZERO, 0))
+    _wait_for(job._empty.is_set)
+    job.finish(_winjob.ERROR_NOT_ENOUGH_QUOTA)
+    t = job.outcome(_winjob.ERROR_NOT_ENOUGH_QUOTA, {}).termination()
+    assert t.reason == "cpu_time" and t.mechanism == "job:PerJobUserTimeLimit"
+    assert core.kills == []  # nothing left to kill
+
+
+def test_1816_without_the_count_is_an_exit(core: FakeCore) -> None:
+    lim = Limits(cpu_time="100s")
+    job = _job(lim)
+    core.events.put((core.JOB_MSG_ACTIVE_PROCESS_ZERO, 0))
+    job.finish(_winjob.ERROR_NOT_ENOUGH_QUOTA)
+    assert job.outcome(_winjob.ERROR_NOT_ENOUGH_QUOTA, {}).termination().reason == "exited"
+
+
+def test_wall_time_terminates_the_job(core: FakeCore) -> None:
+    lim = Limits(wall_time="0.2s")
+    start = time.monotonic()
+    job = _job(lim)
+    _wait_for(lambda: bool(core.kills))
+    assert 0.15 < time.monotonic() - start < 3
+    job.finish(_winjob.KILL_EXIT_CODE)
+    t = job.outcome(_winjob.KILL_EXIT_CODE, {}).termination()
+    assert t.reason == "wall_time" and t.mechanism == "watchdog:wall_time"
+
+
+def test_kill_tree_is_the_callers(core: FakeCore) -> None:
+    job = _job(Limits(memory="1Gi"))
+    job.caller_kills()
+    job.finish(_winjob.KILL_EXIT_CODE)
+    t = job.outcome(_winjob.KILL_EXIT_CODE, {}).termination()
+    assert t.reason == "exited" and t.returncode == _winjob.KILL_EXIT_CODE
+    assert core.kills and core.closed
