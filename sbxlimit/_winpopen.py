@@ -231,26 +231,36 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 comspec = executable
             args = f'{comspec} /c "{args}"'
 
-        pol = self.policy
-        if self._plan.workspace:
-            from . import _workspace
-
-            self._workspace = _workspace.create(self._id, keep=self._plan.keep_workspace)
-        if pol is not None:
-            env = pol.filter_env(os.environ if env is None else env)
-            if self._workspace is not None:
-                tmp = os.path.join(self._workspace, "tmp")
-                env = {**env, "TMP": tmp, "TEMP": tmp}
-            if cwd is None:
-                cwd = pol.workdir or self._workspace
-        if cwd is not None:
-            cwd = os.fsdecode(cwd)
-        block = None if env is None else env_block(dict(env))
-        sys.audit("subprocess.Popen", executable, args, cwd, env)
-
         job = Job(self.limits, self._plan, self._program)
+        if job.cpu_rate_error is not None:
+            # Known once the job exists, still before the program does.
+            step, code = job.cpu_rate_error
+            self._plan.downgrade("cpu", f"{step} failed with Windows error {code}")
+            if self.policy is not None and self.policy.strict:
+                job.close()
+                raise UnsupportedError(dict(self._plan.downgrades))
         try:
-            std = [None if h == -1 else int(h) for h in (p2cread, c2pwrite, errwrite)]
+            pol = self.policy
+            if self._plan.workspace:
+                from . import _workspace
+
+                self._workspace = _workspace.create(self._id, keep=self._plan.keep_workspace)
+            if pol is not None:
+                env = pol.filter_env(os.environ if env is None else env)
+                if self._workspace is not None:
+                    tmp = os.path.join(self._workspace, "tmp")
+                    env = {**env, "TMP": tmp, "TEMP": tmp}
+                if cwd is None:
+                    cwd = pol.workdir or self._workspace
+            if cwd is not None:
+                cwd = os.fsdecode(cwd)
+            block = None if env is None else env_block(dict(env))
+            sys.audit("subprocess.Popen", executable, args, cwd, env)
+
+            # As subprocess: the three handles, or none (one is missing when
+            # this process has no console: the child then gets the defaults).
+            trio = (p2cread, c2pwrite, errwrite)
+            std: list[int | None] = [None] * 3 if -1 in trio else [int(h) for h in trio]
             hp, ht, pid, _tid, how = job_spawn(
                 job,
                 executable,
@@ -265,6 +275,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             )
         except BaseException:
             job.close()
+            self.close()  # the workspace, if one was made
             raise
         self._job = job
         self._child_created = True
@@ -273,9 +284,6 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         _winapi.CloseHandle(ht)
         self._started = time.monotonic()
         job.start(how)
-        if job.cpu_rate_error is not None:
-            step, code = job.cpu_rate_error
-            self._plan.downgrade("cpu", f"{step} failed with Windows error {code}")
 
     # -- reaping ----------------------------------------------------------
 
