@@ -143,14 +143,23 @@ def job_test(tmp_path_factory: pytest.TempPathFactory):
         # The first start makes the prefix (a few seconds); a check timed
         # while it settles would measure Wine's start, not the job.
         warm = subprocess.run(
-            [wine, str(exe), "pure"], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
+            [wine, str(exe), "pure"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
         )
         if '"cpu_rate_value"' not in warm.stdout:
             pytest.skip(f"Wine does not run a Windows program here: {warm.stderr.strip()[-300:]}")
         yield wine, exe, env
     finally:
-        subprocess.run([server, "-k"], env=env, capture_output=True, timeout=60)
-        subprocess.run([server, "-w"], env=env, capture_output=True, timeout=60)
+        subprocess.run(
+            [server, "-k"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60
+        )
+        subprocess.run(
+            [server, "-w"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60
+        )
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +167,12 @@ def results(job_test) -> dict[str, dict[str, str]]:
     """Every check, run once in one program (one Wine start)."""
     wine, exe, env = job_test
     ran = subprocess.run(
-        [wine, str(exe)], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT
+        [wine, str(exe)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
     )
     out: dict[str, dict[str, str]] = {}
     for line in ran.stdout.splitlines():
@@ -195,6 +209,11 @@ def test_an_unknown_check_is_an_error(job_test):
     # A misspelt check name must not run nothing and exit 0.
     wine, exe, env = job_test
     ran = subprocess.run(
-        [wine, str(exe), "no-such-check"], env=env, capture_output=True, text=True, timeout=60
+        [wine, str(exe), "no-such-check"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert ran.returncode == 2 and "no such check" in ran.stderr
