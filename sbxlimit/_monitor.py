@@ -418,8 +418,11 @@ class Monitor:
                     self._read_gate[path] = gate
                     w.read_paths.append(path)
                 self._read_every = min(self._read_every, w.interval)
-                self._read_at = min(self._read_at, next_sample(w.start, w.interval))
-                wake = wake or self._read_at < self._sleep_until
+                first = next_sample(w.start, w.interval)
+                self._read_at = min(self._read_at, first)
+                # This watch's own first read decides: an earlier one already
+                # woke the thread (its pass may not have begun yet).
+                wake = wake or first < self._sleep_until
             if timers:
                 self._watches.add(w)
                 if w.tree_cache is not None and w.next_sample is not None:
@@ -912,7 +915,10 @@ class Monitor:
             if self._watches or self._by_pidfd or self._retiring:
                 self._last_busy = now
             elif now - self._last_busy < _LINGER:
-                due = now + _IDLE_TICK
+                # On the sampling grid: a sandbox registered meanwhile has
+                # its first sample on the same grid, no earlier than this
+                # pass (with the default interval), so it need not wake us.
+                due = next_sample(now, _IDLE_TICK)
             if self._by_pidfd:
                 due = min(due, now + _EXIT_POLL)
             self._sleep_until = due
