@@ -53,6 +53,7 @@ __all__ = [
     "env_block",
     "job_limits",
     "plan",
+    "tree_size",
 ]
 
 # What holds each field: the job's own limit, by the name Windows gives it.
@@ -115,6 +116,22 @@ def plan_wall_time(p: Plan, r: Request) -> None:
     p.hold("wall_time", "watchdog:wall_time", "the job is terminated at once: no SIGTERM first")
 
 
+def plan_disk(p: Plan, r: Request) -> None:
+    """The workspace's size, sampled by the job's supervisor: the private
+    one (made for it, as on POSIX), or workdir."""
+    if r.limits is None or r.limits.disk is None or not p.takes("disk"):
+        return
+    p.disk = r.limits.disk
+    p.hold(
+        "disk",
+        "watchdog:disk",
+        "the workspace's file sizes, sampled; a burst between samples can pass the cap before "
+        "the kill",
+    )
+    if r.policy is None or r.policy.workdir is None:
+        p.workspace = True
+
+
 def plan_unheld(p: Plan, r: Request) -> None:
     """The limits no job field holds, and why."""
     lim = r.limits
@@ -125,7 +142,6 @@ def plan_unheld(p: Plan, r: Request) -> None:
         "file_size": "Windows has no per-file size limit (RLIMIT_FSIZE has no counterpart)",
         "address_space": "a job limits committed memory (memory), not address space",
         "output": "the output cap is not implemented on Windows yet",
-        "disk": "the workspace's size is not watched on Windows yet",
     }
     for field, reason in why.items():
         if getattr(lim, field) is not None and p.takes(field):
@@ -190,6 +206,7 @@ PLANNERS: tuple[Planner, ...] = (
     plan_cpu_time,
     plan_cpu,
     plan_wall_time,
+    plan_disk,
     plan_unheld,
     plan_job,
     plan_workspace,
@@ -260,6 +277,28 @@ def job_limits(p: Plan, limits: Limits | None) -> JobLimits:
     )
 
 
+def tree_size(path: str) -> int:
+    """Bytes of the files under path (links not followed).  Not
+    ``_workspace.size``: Windows's stat has no st_blocks."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    continue
+    return total
+
+
 def env_block(env: dict[str, str]) -> str:
     """CreateProcessW's Unicode environment block: "K=V\\0" each, sorted as
     Windows sorts it (case-insensitively), then a final NUL."""
@@ -300,6 +339,10 @@ class Job:
         self.killed_by_caller = False
         self.started = 0.0
         self.ended: float | None = None
+        # The disk watchdog: the directory, how often, and its last size.
+        self.watch_dir: str | None = None
+        self.interval = 0.1
+        self.disk: int | None = None
         self.final: Usage | None = None
         self._lock = threading.Lock()
         self._empty = threading.Event()
@@ -321,10 +364,16 @@ class Job:
     def _supervise(self) -> None:
         core = _core
         deadline = None if self.plan.wall_time is None else self.started + self.plan.wall_time
+        sample = self.started if self.plan.disk is not None and self.watch_dir else None
         while not self._stop:
             wait = 0.1  # how soon a stop is seen
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
+            if sample is not None:
+                if time.monotonic() >= sample:
+                    sample = self._sample_disk(sample)
+                if sample is not None:
+                    wait = max(0.0, min(wait, sample - time.monotonic()))
             try:
                 event = core.job_next_event(self.handle, int(wait * 1000))
             except (OSError, ValueError):  # the job was closed under us
@@ -342,6 +391,19 @@ class Job:
                 self.ended = time.monotonic()
                 self._empty.set()
                 break
+
+    def _sample_disk(self, at: float) -> float | None:
+        """Measure the workspace; past the cap the job ends (unless
+        tolerated).  The next sample's time, None when done."""
+        assert self.watch_dir is not None and self.plan.disk is not None
+        self.disk = tree_size(self.watch_dir)
+        if self.disk <= self.plan.disk:
+            return max(at + self.interval, time.monotonic())
+        self.hits.add("disk")
+        if "disk" in self.plan.tolerate:
+            return max(at + self.interval, time.monotonic())
+        self._end("disk", self.plan.disk, self.disk)
+        return None
 
     def _hit(self, reason: str) -> None:
         """A limit message: hit, and the end of the job unless tolerated
@@ -396,7 +458,7 @@ class Job:
         try:
             u = _core.job_usage(self.handle)
         except (OSError, ValueError):
-            return Usage(wall=wall)
+            return Usage(wall=wall, disk=self.disk)
         user, kernel, _total, active = u[0], u[1], u[2], u[3]
         return Usage(
             cpu_user=user / 1e7,
@@ -404,6 +466,7 @@ class Job:
             memory_peak=u[8] or None,
             pids_now=active,
             wall=wall,
+            disk=self.disk,
         )
 
     # -- the end ---------------------------------------------------------------
@@ -422,6 +485,8 @@ class Job:
             self._thread.join(5.0)
         if self.ended is None:
             self.ended = time.monotonic()
+        if self.watch_dir is not None and self.plan.disk is not None:
+            self.disk = tree_size(self.watch_dir)  # what it left
         if (
             self.limits is not None
             and self.limits.cpu_time is not None
@@ -455,6 +520,7 @@ class Job:
             kill=self.kill,
             hits=frozenset(self.hits),
             killed_by_caller=self.killed_by_caller,
+            disk=self.disk,
         )
         outcome = Outcome(evidence, self.limits, enforced)
         outcome._usage = u

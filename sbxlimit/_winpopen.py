@@ -28,6 +28,7 @@ from ._limits import Limits
 from ._plan import Plan, warn_downgrades
 from ._policy import Policy
 from ._termination import Outcome, Termination, program_name
+from ._units import parse_seconds
 from ._winjob import Job, env_block, plan
 
 if sys.platform == "win32":
@@ -51,7 +52,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
     The keyword-only arguments are those of the POSIX ``Popen``
     (``limits``, ``policy``, ...); ``die_with_parent`` is always true here
     (the job dies with its last handle, this process's), and
-    ``cgroup_parent`` and ``sample_interval`` have nothing to choose.
+    ``cgroup_parent`` has nothing to choose; ``sample_interval`` is the
+    disk watchdog's.
     With limits or a policy, the program inherits its standard handles and
     ``startupinfo.lpAttributeList["handle_list"]``, never every
     inheritable handle (``close_fds=False`` has no effect).
@@ -85,7 +87,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         self._workspace_removed = False
         self._started = time.monotonic()
         self._wall: float | None = None
-        del sample_interval, warn_at, audit_key  # nothing to sample or warn about here
+        del warn_at, audit_key  # no memory warning to give here, no audit events yet
+        self._interval = 0.1
+        if sample_interval is not None:
+            self._interval = parse_seconds("sample_interval", sample_interval)
         if die_with_parent is False:
             raise ConfigError(
                 "die_with_parent",
@@ -247,11 +252,13 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
                 self._workspace = _workspace.create(self._id, keep=self._plan.keep_workspace)
             if pol is not None:
                 env = pol.filter_env(os.environ if env is None else env)
-                if self._workspace is not None:
-                    tmp = os.path.join(self._workspace, "tmp")
-                    env = {**env, "TMP": tmp, "TEMP": tmp}
-                if cwd is None:
-                    cwd = pol.workdir or self._workspace
+            if self._workspace is not None:
+                tmp = os.path.join(self._workspace, "tmp")
+                env = {**(os.environ if env is None else env), "TMP": tmp, "TEMP": tmp}
+            if cwd is None:
+                cwd = (pol.workdir if pol is not None else None) or self._workspace
+            job.interval = self._interval
+            job.watch_dir = (pol.workdir if pol is not None else None) or self._workspace
             if cwd is not None:
                 cwd = os.fsdecode(cwd)
             block = None if env is None else env_block(dict(env))

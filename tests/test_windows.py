@@ -76,13 +76,13 @@ def test_the_job_gets_exactly_the_fields_it_holds(as_windows: None) -> None:
 
 
 def test_what_windows_cannot_hold_is_said_with_the_reason(as_windows: None) -> None:
-    lim = Limits(open_files=64, file_size="1Mi", address_space="1Gi", output="1Mi", disk="1Gi")
+    lim = Limits(open_files=64, file_size="1Mi", address_space="1Gi", output="1Mi")
     pol = Policy(network="deny", writable_roots=[os.path.abspath("work")])
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         p = _winjob.plan(lim, pol)
     down = p.downgrades
-    for field in ("open_files", "file_size", "address_space", "output", "disk"):
+    for field in ("open_files", "file_size", "address_space", "output"):
         assert field in down, field
     assert "AppContainer" in down["files"]
     assert "AppContainer" in down["network"] and "internetClient" in down["network"]
@@ -188,6 +188,14 @@ def test_wall_time_ends_the_job() -> None:
     r = _run("import time; time.sleep(60)", limits={"wall_time": "1s"}, timeout=60)
     assert r.termination.reason == "wall_time"
     assert time.monotonic() - start < 30
+
+
+@on_windows
+def test_disk_limit_ends_the_job() -> None:
+    code = "open('f', 'wb').write(b'x' * (4 << 20)); import time; time.sleep(30)"
+    r = _run(code, limits={"disk": "1Mi"}, timeout=60)
+    assert r.termination.reason == "disk", r.termination.message
+    assert r.workspace is not None
 
 
 @on_windows
@@ -432,3 +440,34 @@ def test_kill_tree_is_the_callers(core: FakeCore) -> None:
     t = job.outcome(_winjob.KILL_EXIT_CODE, {}).termination()
     assert t.reason == "exited" and t.returncode == _winjob.KILL_EXIT_CODE
     assert core.kills and core.closed
+
+
+def test_disk_is_the_workspaces_size_sampled(as_windows: None) -> None:
+    p = _winjob.plan(Limits(disk="1Mi"), None)
+    assert _by(p.enforced["disk"]) == "watchdog:disk"
+    assert p.workspace and p.disk == 1 << 20  # a private one, as on POSIX
+    workdir = os.path.abspath("somewhere")
+    assert not _winjob.plan(Limits(disk="1Mi"), Policy(workdir=workdir)).workspace
+
+
+def test_tree_size(tmp_path) -> None:
+    (tmp_path / "a").write_bytes(b"x" * 1000)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b").write_bytes(b"y" * 24)
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    assert _winjob.tree_size(str(tmp_path)) == 1024
+
+
+def test_the_disk_watchdog_ends_the_job(core: FakeCore, tmp_path) -> None:
+    lim = Limits(disk="4Ki")
+    job = _winjob.Job(lim, _winjob.plan(lim, None), "prog")
+    job.watch_dir, job.interval = str(tmp_path), 0.02
+    job.start(1)
+    time.sleep(0.1)
+    assert core.kills == []
+    (tmp_path / "big").write_bytes(b"z" * 8192)
+    _wait_for(lambda: bool(core.kills))
+    job.finish(_winjob.KILL_EXIT_CODE)
+    t = job.outcome(_winjob.KILL_EXIT_CODE, {}).termination()
+    assert t.reason == "disk" and t.mechanism == "watchdog:disk" and t.observed == 8192
+    assert job.usage().disk == 8192
