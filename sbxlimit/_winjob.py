@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from . import _platform
 from ._enforcement import Enforcement
@@ -50,6 +50,7 @@ __all__ = [
     "PLANNERS",
     "Job",
     "JobLimits",
+    "OutputPump",
     "env_block",
     "job_limits",
     "plan",
@@ -132,6 +133,16 @@ def plan_disk(p: Plan, r: Request) -> None:
         p.workspace = True
 
 
+def plan_output(p: Plan, r: Request) -> None:
+    """stdout and stderr through a pump thread each (``OutputPump``)."""
+    if r.limits is None or r.limits.output is None:
+        return
+    p.output = r.limits.output
+    p.truncate_output = r.limits.truncate_output
+    truncated = ("truncated, not killed",) if r.limits.truncate_output else ()
+    p.hold("output", "supervisor:output", *truncated)
+
+
 def plan_unheld(p: Plan, r: Request) -> None:
     """The limits no job field holds, and why."""
     lim = r.limits
@@ -141,7 +152,6 @@ def plan_unheld(p: Plan, r: Request) -> None:
         "open_files": "Windows has no per-process handle limit that a job can set",
         "file_size": "Windows has no per-file size limit (RLIMIT_FSIZE has no counterpart)",
         "address_space": "a job limits committed memory (memory), not address space",
-        "output": "the output cap is not implemented on Windows yet",
     }
     for field, reason in why.items():
         if getattr(lim, field) is not None and p.takes(field):
@@ -207,6 +217,7 @@ PLANNERS: tuple[Planner, ...] = (
     plan_cpu,
     plan_wall_time,
     plan_disk,
+    plan_output,
     plan_unheld,
     plan_job,
     plan_workspace,
@@ -313,6 +324,77 @@ def env_block(env: dict[str, str]) -> str:
     return "".join(f"{k}={v}\0" for _u, k, v in items) + "\0" * (2 if not items else 1)
 
 
+class OutputPump:
+    """One output stream, child -> pump -> its destination, counted: past
+    `cap` the rest is discarded (after a mark, with `truncate`) or
+    `over(stream, written)` ends the sandbox.  A thread of its own: Windows
+    cannot select() on pipes.  `src` and `dst` are unbuffered binary files,
+    closed at the end (the destination's reader then sees EOF)."""
+
+    def __init__(
+        self,
+        src: IO[bytes],
+        dst: IO[bytes],
+        *,
+        cap: int,
+        truncate: bool,
+        stream: str,
+        over: Callable[[str, int], None],
+    ) -> None:
+        self.src, self.dst = src, dst
+        self.cap, self.truncate, self.stream, self.over = cap, truncate, stream, over
+        self.count = 0  # bytes the program wrote
+        self.passed = 0  # bytes passed on
+        self.discarding = False
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"sbxlimit-{stream}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        from ._pump import _MARK, _utf8_cut
+
+        try:
+            while True:
+                try:
+                    data = self.src.read(65536)
+                except OSError:  # the write end is gone (ERROR_BROKEN_PIPE)
+                    break
+                if not data:
+                    break
+                self.count += len(data)
+                if self.discarding:
+                    continue
+                room = self.cap - self.passed
+                if len(data) <= room:
+                    self._write(data)
+                    continue
+                self._write(_utf8_cut(data[:room]))
+                self.discarding = True
+                if self.truncate:
+                    self._write(_MARK % self.cap)
+                else:
+                    self.over(self.stream, self.count)
+        finally:
+            for f in (self.dst, self.src):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            self.done.set()
+
+    def _write(self, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                n = self.dst.write(view) or 0
+                view = view[n:]
+            self.passed += len(data)
+        except OSError:  # nobody reads any more: count on, pass nothing
+            self.discarding = True
+
+
 # -- one job -------------------------------------------------------------------
 
 
@@ -391,6 +473,11 @@ class Job:
                 self.ended = time.monotonic()
                 self._empty.set()
                 break
+
+    def output_over(self, stream: str, written: int) -> None:
+        """An output pump passed its cap: the job ends (reason output)."""
+        self.hits.add("output")
+        self._end("output", self.plan.output, written, stream)
 
     def _sample_disk(self, at: float) -> float | None:
         """Measure the workspace; past the cap the job ends (unless

@@ -29,14 +29,16 @@ from ._plan import Plan, warn_downgrades
 from ._policy import Policy
 from ._termination import Outcome, Termination, program_name
 from ._units import parse_seconds
-from ._winjob import Job, env_block, plan
+from ._winjob import Job, OutputPump, env_block, plan
 
 if sys.platform == "win32":
     import _winapi
+    import msvcrt
 
     from . import _core
 else:  # imported everywhere (mypy, the tests' imports); used on Windows only
     _winapi: Any = None
+    msvcrt: Any = None
     _core: Any = None
 
 __all__ = ["Popen"]
@@ -87,6 +89,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         self._workspace_removed = False
         self._started = time.monotonic()
         self._wall: float | None = None
+        self._pumps: list[OutputPump] = []
+        self._child_ends: list[int] = []  # the pumps' pipe ends the child inherits
         del warn_at, audit_key  # no memory warning to give here, no audit events yet
         self._interval = 0.1
         if sample_interval is not None:
@@ -268,6 +272,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             # this process has no console: the child then gets the defaults).
             trio = (p2cread, c2pwrite, errwrite)
             std: list[int | None] = [None] * 3 if -1 in trio else [int(h) for h in trio]
+            if self._plan.output is not None and std[1] is not None:
+                std[1], std[2] = self._pumped(job, std[1], std[2])
             hp, ht, pid, _tid, how = job_spawn(
                 job,
                 executable,
@@ -282,8 +288,18 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             )
         except BaseException:
             job.close()
+            for pump in self._pumps:  # never started: their ends go now
+                pump.src.close()
+                pump.dst.close()
+            self._pumps = []
             self.close()  # the workspace, if one was made
             raise
+        finally:
+            for h in self._child_ends:  # the child has its copies
+                _winapi.CloseHandle(h)
+            self._child_ends = []
+        for pump in self._pumps:
+            pump.start()
         self._job = job
         self._child_created = True
         self._handle = subprocess.Handle(hp)  # type: ignore[attr-defined]
@@ -291,6 +307,46 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         _winapi.CloseHandle(ht)
         self._started = time.monotonic()
         job.start(how)
+
+    def _pumped(self, job: Job, out: int, err: int | None) -> tuple[int, int | None]:
+        """stdout and stderr through an OutputPump each (one when stderr is
+        stdout): the child gets a pipe of ours, the pump passes what comes
+        out on to the destination subprocess prepared (a duplicate: its
+        own is closed after the spawn), up to the cap."""
+        assert self._plan.output is not None
+        me = _winapi.GetCurrentProcess()
+        given: dict[int, int] = {}
+        for h, stream in ((out, "stdout"), (err, "stderr")):
+            if h is None or h in given:
+                continue
+            r, w = _winapi.CreatePipe(None, 0)
+            w_child = _winapi.DuplicateHandle(me, w, me, 0, True, _winapi.DUPLICATE_SAME_ACCESS)
+            _winapi.CloseHandle(w)
+            self._child_ends.append(w_child)
+            dst = _winapi.DuplicateHandle(me, h, me, 0, False, _winapi.DUPLICATE_SAME_ACCESS)
+            self._pumps.append(
+                OutputPump(
+                    os.fdopen(msvcrt.open_osfhandle(r, os.O_RDONLY), "rb", buffering=0),
+                    os.fdopen(msvcrt.open_osfhandle(dst, 0), "wb", buffering=0),
+                    cap=self._plan.output,
+                    truncate=self._plan.truncate_output,
+                    stream=stream,
+                    over=job.output_over,
+                )
+            )
+            given[h] = w_child
+        return given[out], None if err is None else given[err]
+
+    def wait(self, timeout: float | None = None) -> int:
+        """As subprocess's wait(); with an output cap, also until what the
+        program wrote has been passed on."""
+        end = None if timeout is None else time.monotonic() + timeout
+        rc: int = super().wait(timeout)
+        for pump in self._pumps:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not pump.done.wait(left):
+                raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+        return rc
 
     # -- reaping ----------------------------------------------------------
 

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import typing
 import warnings
@@ -76,13 +77,13 @@ def test_the_job_gets_exactly_the_fields_it_holds(as_windows: None) -> None:
 
 
 def test_what_windows_cannot_hold_is_said_with_the_reason(as_windows: None) -> None:
-    lim = Limits(open_files=64, file_size="1Mi", address_space="1Gi", output="1Mi")
+    lim = Limits(open_files=64, file_size="1Mi", address_space="1Gi")
     pol = Policy(network="deny", writable_roots=[os.path.abspath("work")])
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         p = _winjob.plan(lim, pol)
     down = p.downgrades
-    for field in ("open_files", "file_size", "address_space", "output"):
+    for field in ("open_files", "file_size", "address_space"):
         assert field in down, field
     assert "AppContainer" in down["files"]
     assert "AppContainer" in down["network"] and "internetClient" in down["network"]
@@ -196,6 +197,23 @@ def test_disk_limit_ends_the_job() -> None:
     r = _run(code, limits={"disk": "1Mi"}, timeout=60)
     assert r.termination.reason == "disk", r.termination.message
     assert r.workspace is not None
+
+
+@on_windows
+def test_output_limit_ends_the_job() -> None:
+    code = "import sys, time; sys.stdout.write('x' * 100000); sys.stdout.flush(); time.sleep(30)"
+    r = _run(code, limits={"output": "1Ki"}, timeout=60)
+    assert r.termination.reason == "output", r.termination.message
+    assert len(r.stdout) == 1024
+
+
+@on_windows
+def test_output_truncated_keeps_it_running() -> None:
+    code = "import sys; sys.stdout.write('x' * 5000); sys.stderr.write('e'); print('end')"
+    r = _run(code, limits={"output": "1Ki", "truncate_output": True}, timeout=60)
+    assert r.termination.reason == "exited" and r.returncode == 0
+    assert r.stdout.startswith(b"x" * 1024) and b"truncated at 1024 bytes" in r.stdout
+    assert r.stderr == b"e"
 
 
 @on_windows
@@ -471,3 +489,73 @@ def test_the_disk_watchdog_ends_the_job(core: FakeCore, tmp_path) -> None:
     t = job.outcome(_winjob.KILL_EXIT_CODE, {}).termination()
     assert t.reason == "disk" and t.mechanism == "watchdog:disk" and t.observed == 8192
     assert job.usage().disk == 8192
+
+
+def test_output_is_held_by_a_pump(as_windows: None) -> None:
+    p = _winjob.plan(Limits(output="1Mi", truncate_output=True), None)
+    assert str(p.enforced["output"]) == "supervisor:output (truncated, not killed)"
+    assert p.output == 1 << 20 and p.truncate_output
+
+
+def _pump(cap: int, truncate: bool, over: typing.Any = None) -> tuple[_winjob.OutputPump, int, int]:
+    r, w = os.pipe()
+    dr, dw = os.pipe()
+    pump = _winjob.OutputPump(
+        os.fdopen(r, "rb", buffering=0),
+        os.fdopen(dw, "wb", buffering=0),
+        cap=cap,
+        truncate=truncate,
+        stream="stdout",
+        over=over or (lambda stream, n: None),
+    )
+    pump.start()
+    return pump, w, dr
+
+
+def _drain(fd: int) -> bytes:
+    out = b""
+    while chunk := os.read(fd, 65536):
+        out += chunk
+    os.close(fd)
+    return out
+
+
+def test_the_pump_passes_up_to_the_cap_then_ends_the_sandbox() -> None:
+    calls: list[tuple[str, int]] = []
+    pump, w, dr = _pump(10, False, lambda stream, n: calls.append((stream, n)))
+    os.write(w, b"0123456789abcdef")
+    os.write(w, b"more")
+    os.close(w)
+    assert _drain(dr) == b"0123456789"
+    assert pump.done.wait(5)
+    # Once, with what was written when the cap was passed (one read or two).
+    assert len(calls) == 1 and calls[0][0] == "stdout" and calls[0][1] in (16, 20)
+    assert pump.count == 20
+
+
+def test_the_pump_truncates_with_a_mark_and_never_cuts_a_character() -> None:
+    pump, w, dr = _pump(4, True)
+    os.write(w, "abcé!".encode())  # é is 2 bytes at offsets 3-4: cut before it
+    os.close(w)
+    assert _drain(dr) == b"abc\n[sbxlimit: output truncated at 4 bytes]\n"
+    assert pump.done.wait(5) and pump.count == 6
+
+
+def test_the_pump_under_its_cap_passes_everything() -> None:
+    pump, w, dr = _pump(1 << 20, False)
+    data = os.urandom(300_000)
+    t = threading.Thread(target=lambda: (os.write(w, data), os.close(w)))
+    t.start()
+    assert _drain(dr) == data
+    t.join()
+    assert pump.done.wait(5)
+
+
+def test_an_output_pump_ends_the_job(core: FakeCore) -> None:
+    lim = Limits(output="1Ki")
+    job = _job(lim)
+    job.output_over("stderr", 5000)
+    _wait_for(lambda: bool(core.kills))
+    job.finish(_winjob.KILL_EXIT_CODE)
+    t = job.outcome(_winjob.KILL_EXIT_CODE, {}).termination()
+    assert t.reason == "output" and t.observed == 5000 and "stderr" in t.message
