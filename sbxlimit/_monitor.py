@@ -418,11 +418,11 @@ class Monitor:
                     self._read_gate[path] = gate
                     w.read_paths.append(path)
                 self._read_every = min(self._read_every, w.interval)
-                first = next_sample(w.start, w.interval)
-                self._read_at = min(self._read_at, first)
+                first_read = next_sample(w.start, w.interval)
+                self._read_at = min(self._read_at, first_read)
                 # This watch's own first read decides: an earlier one already
                 # woke the thread (its pass may not have begun yet).
-                wake = wake or first < self._sleep_until
+                wake = wake or first_read < self._sleep_until
             if timers:
                 self._watches.add(w)
                 if w.tree_cache is not None and w.next_sample is not None:
