@@ -559,3 +559,25 @@ def test_an_output_pump_ends_the_job(core: FakeCore) -> None:
     job.finish(_winjob.KILL_EXIT_CODE)
     t = job.outcome(_winjob.KILL_EXIT_CODE, {}).termination()
     assert t.reason == "output" and t.observed == 5000 and "stderr" in t.message
+
+
+def test_the_windows_steps_are_the_job_layers() -> None:
+    # sbxlimit.STEPS on Windows (csrc/windows/_corewin.c) names every step
+    # the job layer can fail at, and no other.
+    import re
+
+    csrc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+    if not os.path.isdir(csrc):
+        pytest.skip("the C sources are not next to the tests (installed package)")
+    windows = os.path.join(csrc, "windows")
+    with open(os.path.join(windows, "_corewin.c")) as f:
+        binding = f.read()
+    listed = re.search(r"STEPS\[\] = \{(.*?)\};", binding, re.S)
+    assert listed is not None
+    steps = re.findall(r'"([a-z_:]+)"', listed.group(1))
+    used = set()
+    for name in ("job.c", "spawn.c"):
+        with open(os.path.join(windows, name)) as f:
+            used |= set(re.findall(r'"((?:job|spawn):[a-z_]+)"', f.read()))
+    assert steps[0] == "none" and len(steps) == len(set(steps))
+    assert set(steps[1:]) == used

@@ -434,8 +434,47 @@ static PyMethodDef core_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* sbxlimit.STEPS on Windows: the steps of the job layer, in the order
+ * they run (an OSError's filename is one of them). */
+static const char *const STEPS[] = {
+    "none",
+    "job:create",
+    "job:limits",
+    "job:port",
+    "job:associate_port",
+    "job:cpu_rate",
+    "spawn:handle_list",
+    "spawn:attribute_list",
+    "spawn:job_list",
+    "spawn:create_process",
+    "spawn:assign",
+    "spawn:resume",
+    "job:wait_event",
+    "job:query_accounting",
+    "job:query_limits",
+    "job:terminate",
+};
+
 static int core_exec(PyObject *m)
 {
+    PyObject *steps;
+    size_t i, n = sizeof STEPS / sizeof STEPS[0];
+
+    steps = PyTuple_New((Py_ssize_t)n);
+    if (steps == NULL)
+        return -1;
+    for (i = 0; i < n; i++) {
+        PyObject *name = PyUnicode_FromString(STEPS[i]);
+        if (name == NULL) {
+            Py_DECREF(steps);
+            return -1;
+        }
+        PyTuple_SET_ITEM(steps, (Py_ssize_t)i, name);
+    }
+    if (PyModule_AddObject(m, "STEPS", steps) < 0) {
+        Py_DECREF(steps);
+        return -1;
+    }
     if (PyModule_AddIntConstant(m, "HAS_JOB", 1) < 0 ||
         PyModule_AddIntConstant(m, "JOB_HOW_JOB_LIST", SBX_JOB_HOW_JOB_LIST) < 0 ||
         PyModule_AddIntConstant(m, "JOB_HOW_ASSIGN", SBX_JOB_HOW_ASSIGN) < 0 ||
