@@ -472,7 +472,10 @@ def test_tree_size(tmp_path) -> None:
     (tmp_path / "a").write_bytes(b"x" * 1000)
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "b").write_bytes(b"y" * 24)
-    (tmp_path / "link").symlink_to(tmp_path / "a")
+    try:
+        (tmp_path / "link").symlink_to(tmp_path / "a")  # not followed
+    except OSError:  # Windows without the symlink privilege
+        pass
     assert _winjob.tree_size(str(tmp_path)) == 1024
 
 
