@@ -32,11 +32,16 @@ _FIX = "run on Windows 10 or later; see docs/windows.md"
 _MIB = 1 << 20
 
 
+# The interpreter itself: in a venv, sys.executable is a launcher that
+# starts it as a second process, which a process limit of 1 would count.
+_PYTHON = getattr(sys, "_base_executable", None) or sys.executable
+
+
 def _child(job: object, code: str) -> tuple[int, int]:
     """Start `python -c code` in `job`; (process handle, how)."""
-    cmd = subprocess.list2cmdline([sys.executable, "-c", code])
+    cmd = subprocess.list2cmdline([_PYTHON, "-I", "-c", code])
     hp, ht, _pid, _tid, how = _core.job_spawn(
-        job, sys.executable, cmd, None, None, None, None, None, [], 0
+        job, _PYTHON, cmd, None, None, None, None, None, [], 0
     )
     _winapi.CloseHandle(ht)
     return hp, how
@@ -122,7 +127,7 @@ def _check_job_pids() -> Check:
     code = (
         "import subprocess, sys\n"
         "try:\n"
-        "    subprocess.run([sys.executable, '-c', 'pass'])\n"
+        "    subprocess.run([sys.executable, '-I', '-c', 'pass'])\n"
         "except OSError:\n"
         "    sys.exit(3)"
     )
