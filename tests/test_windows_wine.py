@@ -160,6 +160,8 @@ def job_test(tmp_path_factory: pytest.TempPathFactory):
         subprocess.run(
             [server, "-w"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60
         )
+        # A prefix is hundreds of MiB: not left for pytest's retention.
+        shutil.rmtree(tmp / "prefix", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
