@@ -66,7 +66,9 @@ WINE_LACKS = {
 }
 
 ALL_CHECKS = [*WINE_HOLDS, *WINE_LACKS]
-RUN_TIMEOUT = 120  # the checks bound each of their waits; this bounds the program
+# The checks bound each of their waits (about 25 s in all); this bounds the
+# program on a loaded machine.
+RUN_TIMEOUT = 300
 
 
 def _wine() -> tuple[str, str] | None:

@@ -562,6 +562,19 @@ static void check_port_messages(void)
     sbx_job_close(&job);
 }
 
+/* Wait up to ms for the child's pipe to hold some output: its CreateProcess
+ * of the grandchild has returned. */
+static void wait_output(struct run *r, DWORD ms)
+{
+    DWORD start = GetTickCount(), avail = 0;
+
+    while (GetTickCount() - start < ms) {
+        if (PeekNamedPipe(r->out, NULL, 0, NULL, &avail, NULL) && avail > 0)
+            return;
+        Sleep(10);
+    }
+}
+
 /* Read the port until two processes were born (a child and its child). */
 static int tree_collect_two(const struct sbx_job *job, struct seen *seen)
 {
@@ -599,6 +612,11 @@ static void check_tree_end(const char *check, int by_kill)
         return;
     }
     tree_collect_two(&job, &seen);
+    /* The tree is killed running, not while the grandchild is still being
+     * created: Wine 8 can leave a process ended mid-creation STILL_ACTIVE
+     * (exit code 259, the job never empty), a race that is Wine's. */
+    wait_output(&r, 10000);
+    Sleep(200);
     for (i = 0; i < (int)seen.n_new && n < 2; i++) {
         procs[n] =
             OpenProcess(SYNCHRONIZE | PROCESS_QUERY_LIMITED_INFORMATION, FALSE, seen.new_pids[i]);
