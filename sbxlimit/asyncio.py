@@ -25,6 +25,11 @@ it before the cancellation propagates.  ``async with proc:`` ends as
 
 from __future__ import annotations
 
+import sys
+
+if sys.platform == "win32":  # its sandboxes are the POSIX supervisor's
+    raise ImportError("sbxlimit.asyncio is not available on Windows yet (docs/windows.md)")
+
 import asyncio
 import os
 import signal

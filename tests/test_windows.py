@@ -251,6 +251,14 @@ def test_strict_policy_raises_before_the_program_starts(tmp_path) -> None:
 
 
 @on_windows
+def test_what_is_posix_only_says_so() -> None:
+    r = subprocess.run([PY, "-m", "sbxlimit", "doctor"], capture_output=True, text=True)
+    assert r.returncode == 1 and "not available on Windows yet" in r.stderr
+    with pytest.raises(ImportError, match="not available on Windows yet"):
+        import sbxlimit.asyncio  # noqa: F401
+
+
+@on_windows
 def test_doctor_tries_each_job_limit() -> None:
     report = sbxlimit.doctor()
     names = {c.name for c in report.checks}
