@@ -110,6 +110,9 @@ class Pool:
         site, settings = todo
         try:
             cg = Cgroup.create(site, f"sbx-{name()}", settings)
+            # Ready to join and to watch: the spawn and the registration
+            # then open nothing (see Cgroup.arm).
+            cg.arm(_watched(settings))
         except OSError as e:
             # Spawns make their own, and say what failed; stop asking.
             log.debug("sbxlimit: cgroup pool: %s", e)
@@ -122,6 +125,15 @@ class Pool:
                 return
         _remove(cg)
 
+    def owned(self) -> dict[int, str | tuple[int, int]]:
+        """The fds its ready cgroups hold (for a forked child to close)."""
+        with self._lock:
+            ready = [cg for cgs in self._ready.values() for cg in cgs]
+        out: dict[int, str | tuple[int, int]] = {}
+        for cg in ready:
+            out.update(cg.owned_fds())
+        return out
+
     def drain(self, *, close: bool = False) -> None:
         """Remove every ready cgroup; `close`: and make no more (exit)."""
         with self._lock:
@@ -132,6 +144,17 @@ class Pool:
             self._names.clear()
         for cg in gone:
             _remove(cg)
+
+
+def _watched(settings: Settings) -> list[str]:
+    """The fields a sandbox with these settings has the kernel report."""
+    names = {fname for _c, fname, _v in settings}
+    fields = []
+    if names & {"memory.max", "memory.limit_in_bytes"}:
+        fields.append("memory")
+    if "pids.max" in names:
+        fields.append("pids")
+    return fields
 
 
 def _remove(cg: Cgroup) -> None:

@@ -26,6 +26,7 @@ import errno
 import os
 import resource
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterable
 from . import _core
 from ._cgroupfs import mounts, own_cgroups
 from ._plan import Holder, Plan, Request
+from ._pump import fd_ident
 
 __all__ = [
     "GROUP_DIR",
@@ -103,6 +105,13 @@ def _read(path: str) -> str:
         return ""
     finally:
         os.close(fd)
+
+
+def _fd_budget() -> int:
+    """The fd number from which sbxlimit holds nothing of its own for long:
+    the last quarter of the table is the caller's."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return sys.maxsize if soft == resource.RLIM_INFINITY else soft * 3 // 4
 
 
 def _writable(path: str) -> bool:
@@ -413,6 +422,8 @@ def _kv(text: str) -> dict[str, int]:
 
 # Settings a kernel may lack (no swap accounting, older kernels): skipped.
 _HAS_FS_BATCH = hasattr(_core, "fs_batch")  # the POSIX core's
+
+
 OPTIONAL = frozenset({"memory.swap.max", "memory.memsw.limit_in_bytes", "memory.oom.group"})
 _USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -421,6 +432,7 @@ class Cgroup:
     """One sandbox's cgroup (a directory per v1 hierarchy, one in v2)."""
 
     __slots__ = (
+        "armed",
         "dirfd",
         "dirs",
         "events",
@@ -428,6 +440,7 @@ class Cgroup:
         "paths",
         "peak_memory",
         "peak_pids",
+        "ready_procs",
         "removed",
         "site",
     )
@@ -439,6 +452,9 @@ class Cgroup:
         self.dirfd = -1
         # (fd, field) the supervisor watches instead of sampling (open_events).
         self.events: list[tuple[int, str]] = []
+        self.armed: set[str] = set()  # fields whose event fds were opened ahead (arm)
+        # The files the child joins through, opened ahead (arm): a spawn takes them.
+        self.ready_procs: list[int] = []
         self.paths: dict[tuple[str, str], str | None] = {}
         self.peak_memory = 0
         self.peak_pids = 0
@@ -516,6 +532,45 @@ class Cgroup:
                 raise
         return True
 
+    def arm(self, fields: Iterable[str]) -> None:
+        """Open ahead of need what a sandbox's spawn and supervision open:
+        the files its child joins through, and the event fds of `fields`
+        (memory, pids).  The supervisor arms the cgroups it makes ahead
+        (_cgpool), off the caller's path.  Best effort: what fails here is
+        opened at the spawn as without arming."""
+        try:
+            if not self.ready_procs:
+                fds = self._open_procs()
+                if max(fds, default=-1) >= _fd_budget():
+                    # The caller's own files come first: open at the spawn.
+                    for fd in fds:
+                        os.close(fd)
+                else:
+                    self.ready_procs = fds
+            self.open_events(fields)
+        except OSError:
+            pass
+
+    def owned_fds(self) -> dict[int, str | tuple[int, int]]:
+        """The fds this cgroup holds, each with what it should still be (a
+        forked child closes those of the parent's ready cgroups)."""
+        out: dict[int, str | tuple[int, int]] = {}
+        for fd in [self.dirfd, *self.ready_procs]:
+            if fd >= 0:
+                try:
+                    out[fd] = fd_ident(fd)
+                except OSError:
+                    pass
+        for fd, field in self.events:
+            if self.site.version == 1 and field == "memory":
+                out[fd] = "eventfd"
+            else:
+                try:
+                    out[fd] = fd_ident(fd)
+                except OSError:
+                    pass
+        return out
+
     def procs_fds(self) -> list[int]:
         """Open, for the child, the file of every directory (v2's first) that
         moves it in: cgroup.procs on v2; on v1 ``tasks``, which moves one
@@ -523,6 +578,12 @@ class Cgroup:
         kernel (6.1+) moves the writing thread itself without taking the
         global threadgroup lock, whose writer waits for an RCU grace period
         (cgroup.procs: 40 us to 16 ms per join here, tasks: 20-35 us)."""
+        if self.ready_procs:  # armed ahead: the spawn takes them
+            fds, self.ready_procs = self.ready_procs, []
+            return fds
+        return self._open_procs()
+
+    def _open_procs(self) -> list[int]:
         fname = "tasks" if self.site.version == 1 else "cgroup.procs"
         fds: list[int] = []
         try:
@@ -753,6 +814,9 @@ class Cgroup:
         covered: list[str] = []
         v2 = self.site.version == 2
         for field in fields:
+            if field in self.armed:
+                covered.append(field)
+                continue
             try:
                 if v2 and field in ("memory", "pids"):
                     fd = os.open(self._path(field, f"{field}.events") or "", _RDONLY)
@@ -768,12 +832,12 @@ class Cgroup:
             except OSError:
                 continue
             covered.append(field)
+            self.armed.add(field)
         return covered
 
     def _keep_event(self, fd: int, field: str) -> None:
         try:
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            if soft != resource.RLIM_INFINITY and fd >= soft * 3 // 4:
+            if fd >= _fd_budget():
                 raise OSError(errno.EMFILE, "fd table three quarters full: sampled instead")
         except BaseException:
             os.close(fd)
@@ -816,6 +880,7 @@ class Cgroup:
         for fd, _f in self.events:
             os.close(fd)
         self.events = []
+        self.armed.clear()
 
     def remove(self) -> bool:
         """rmdir every directory; True when all are gone.  An EBUSY (still
@@ -825,6 +890,9 @@ class Cgroup:
         if self.dirfd >= 0:
             os.close(self.dirfd)
             self.dirfd = -1
+        fds, self.ready_procs = self.ready_procs, []
+        for fd in fds:
+            os.close(fd)
         # One core call for every directory (the supervisor removes these
         # while callers spawn: the GIL is released once).
         items = list(self.dirs.items())

@@ -468,8 +468,13 @@ class Monitor:
         if not w.sampled():
             w.next_sample = None
         v1_memory = cg.site.version == 1
+        # Only what this sandbox asked for (a cgroup armed ahead may hold
+        # more: v1's one eventfd also carries the warning's threshold).
+        wanted = set(covered) | ({"memory"} if w.warn_evented else set())
         events = [
-            (fd, "eventfd" if field == "memory" and v1_memory else field) for fd, field in cg.events
+            (fd, "eventfd" if field == "memory" and v1_memory else field)
+            for fd, field in cg.events
+            if field in wanted
         ]
         return events, reads
 
@@ -975,6 +980,9 @@ class Monitor:
             owned[fd] = "pidfd"
         for fd in self._netpool.owned():
             owned[fd] = "net"
+        owned.update(self._pool.owned())  # ready cgroups' dirfds, join files, event fds
+        for cg in list(self._retiring):  # ended sandboxes' cgroups, not yet removed
+            owned.update(cg.owned_fds())
         for fd, (_w, field) in list(self._by_event.items()):
             owned[fd] = "eventfd" if field == "eventfd" else self._event_idents.get(fd)
         for fd, ident in owned.items():

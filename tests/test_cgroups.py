@@ -575,3 +575,82 @@ def test_a_refused_setting_leaves_no_directory():
     with pytest.raises(OSError, match=f"cannot set {fname}=lots"):
         Cgroup.create(SITE, name, ((key, fname, "lots"),))
     assert not any(os.path.exists(os.path.join(p, name)) for _c, p in SITE.parents)
+
+
+def _armed_pool_for(limits: Limits) -> None:
+    """Spawn once with `limits` (the supervisor then makes cgroups of that
+    kind ahead) and wait until one is ready and armed."""
+    from sbxlimit import _plan
+
+    sbxlimit.run(["true"], limits=limits)
+    settings = _plan.plan(limits, None, uid=os.geteuid(), site=SITE).cgroup_settings
+    pool = get_monitor()._pool
+    deadline = time.monotonic() + 10
+    while not pool.has_ready(SITE, settings):
+        assert time.monotonic() < deadline, "no cgroup was made ahead"
+        time.sleep(0.01)
+    with pool._lock:
+        (ready, *_rest) = pool._ready[(SITE, settings)]
+    assert ready.ready_procs and len(ready.ready_procs) == len(ready.dirs)
+    assert "memory" in ready.armed
+
+
+@needs_cgroup
+def test_a_cgroup_armed_ahead_reports_an_oom_kill():
+    # A cgroup the supervisor made ahead comes with its join files and its
+    # OOM event already open: the sandbox that takes it is still ended by
+    # the first OOM kill (a helper that survives it included), at once.
+    limits = Limits(memory="32Mi", wall_time="50s")
+    _armed_pool_for(limits)
+    code = """
+        import os, time
+        helper = os.fork()
+        if helper == 0:
+            time.sleep(60)
+            os._exit(0)
+        hog = os.fork()
+        if hog == 0:
+            b = bytearray(1 << 30)
+            b[::4096] = b"x" * (len(b) // 4096)
+            os._exit(0)
+        print(helper, flush=True)
+        os.waitpid(hog, 0)
+        time.sleep(60)
+    """
+    t0 = time.monotonic()
+    with sbxlimit.Popen(
+        [PY, "-c", textwrap.dedent(code)], limits=limits, stdout=subprocess.PIPE, text=True
+    ) as p:
+        assert p._sbx.cgroup is not None and p._sbx.cgroup.armed  # the one made ahead
+        out = p.stdout.read()
+        p.wait()
+    assert p.termination.reason == "memory", p.termination
+    assert time.monotonic() - t0 < 30
+    assert not wait_gone([int(out.split()[0])])
+
+
+@needs_cgroup
+def test_a_fork_closes_the_cgroups_made_ahead():
+    # A forked child (a ForkedSandbox's body, the pytest marker's test) has
+    # a supervisor of its own: the parent's ready cgroups' files are closed.
+    _armed_pool_for(Limits(memory="64Mi", pids=32))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            names = []
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    names.append(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    pass
+            os.write(w, "\n".join(names).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        names = f.read().split("\n")
+    os.waitpid(pid, 0)
+    leaked = [n for n in names if n.startswith("/sys/fs/cgroup/") or "eventfd" in n]
+    assert leaked == []
