@@ -460,10 +460,12 @@ class Job:
                 event = core.job_next_event(self.handle, int(wait * 1000))
             except (OSError, ValueError):  # the job was closed under us
                 break
+            # Checked after every message too: a stream of them (a fork
+            # loop's) must not hold the deadline off.
+            if deadline is not None and time.monotonic() >= deadline:
+                self._end("wall_time", self.plan.wall_time, time.monotonic() - self.started)
+                deadline = None
             if event is None:
-                if deadline is not None and time.monotonic() >= deadline:
-                    self._end("wall_time", self.plan.wall_time, time.monotonic() - self.started)
-                    deadline = None
                 continue
             msg, _pid = event
             reason = core.job_msg_reason(msg)

@@ -335,6 +335,7 @@ class FakeCore:
         self.created: tuple[int, ...] = ()
         self.usage = (12_000_000, 3_000_000, 3, 1, 0, 0, 0, 0, 70 << 20, 40 << 20)
         self.cpu_time_reached = False
+        self.flood = False  # a message always waiting (a fork loop)
 
     def job_create(self, *limits: int) -> tuple[object, int, None]:
         self.created = limits
@@ -343,6 +344,8 @@ class FakeCore:
     def job_next_event(self, job: object, ms: int) -> tuple[int, int] | None:
         import queue
 
+        if self.flood and self.events.empty():
+            return (self.JOB_MSG_NEW_PROCESS, 1)
         try:
             return self.events.get(timeout=ms / 1000)
         except queue.Empty:
@@ -457,6 +460,16 @@ def test_wall_time_terminates_the_job(core: FakeCore) -> None:
     job.finish(_winjob.KILL_EXIT_CODE)
     t = job.outcome(_winjob.KILL_EXIT_CODE, {}).termination()
     assert t.reason == "wall_time" and t.mechanism == "watchdog:wall_time"
+
+
+def test_wall_time_holds_under_a_stream_of_messages(core: FakeCore) -> None:
+    # A fork loop's messages never leave the port empty.
+    core.flood = True
+    job = _job(Limits(wall_time="0.2s"))
+    _wait_for(lambda: bool(core.kills), timeout=3)
+    core.flood = False
+    job.finish(_winjob.KILL_EXIT_CODE)
+    assert job.outcome(_winjob.KILL_EXIT_CODE, {}).termination().reason == "wall_time"
 
 
 def test_kill_tree_is_the_callers(core: FakeCore) -> None:
