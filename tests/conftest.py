@@ -191,10 +191,20 @@ def events():
 
 
 def own_fds() -> set[str]:
-    """Open fds, but for the network namespaces the supervisor keeps ready
-    (_netpool): it makes and closes those on its own thread at any time.
-    The session's check drains them first and counts everything."""
-    return {str(fd) for fd, target in _fds().items() if not target.startswith("net:[")}
+    """Open fds, but for what the supervisor keeps ready and opens and
+    closes on its own thread at any time: network namespaces (_netpool),
+    and the join files and event fds of the cgroups it makes ahead
+    (_cgpool, Cgroup.arm).  The session's check drains them first and
+    counts everything."""
+    return {str(fd) for fd, target in _fds().items() if not _supervisors(target)}
+
+
+def _supervisors(target: str) -> bool:
+    return (
+        target.startswith("net:[")
+        or target == "anon_inode:[eventfd]"
+        or (target.startswith("/sys/fs/cgroup/") and "/sbx-" in target)
+    )
 
 
 def _fds() -> dict[int, str]:
@@ -211,6 +221,19 @@ def _fds() -> dict[int, str]:
 
 def _new_fds(before: dict[int, str]) -> dict[int, str]:
     return {fd: t for fd, t in _fds().items() if before.get(fd) != t}
+
+
+def settled_temp(path: str, timeout: float = 3.0) -> set[str]:
+    """The entries of `path` once the supervisor has removed the
+    workspaces of closed sandboxes (renamed to *.removing at close)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        names = set(os.listdir(path))
+        if not any(n.endswith(".removing") for n in names) or time.monotonic() > deadline:
+            return names
+        time.sleep(0.02)
 
 
 def _temp_entries() -> set[str]:

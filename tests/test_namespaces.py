@@ -23,7 +23,14 @@ from sbxlimit import Limits, Policy, _namespaces
 from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._seccomp import seccomp_works
 
-from .conftest import kept_in_a_fork, own_fds, settled_fds, tagged_sleep, wait_no_sleepers
+from .conftest import (
+    kept_in_a_fork,
+    own_fds,
+    settled_fds,
+    settled_temp,
+    tagged_sleep,
+    wait_no_sleepers,
+)
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="namespaces, Landlock and seccomp are Linux's"
@@ -654,12 +661,12 @@ def test_a_failed_namespace_spawn_leaks_nothing():
 
     sbxlimit.run(["true"], limits=Limits(disk="1Mi"), capture_output=True)  # the supervisor's fds
     fds = settled_fds()
-    tmp = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+    tmp = settled_temp(os.environ.get("TMPDIR", "/tmp"))
     for step in ("ns:mount", "exec"):
         with fail_child_at(step), pytest.raises(OSError):
             sbxlimit.Popen(["true"], limits=Limits(disk="1Mi"), stdout=subprocess.PIPE)
     assert settled_fds() == fds
-    assert set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) == tmp
+    assert settled_temp(os.environ.get("TMPDIR", "/tmp")) == tmp
 
 
 @needs_pidns
