@@ -19,7 +19,7 @@ from sbxlimit._cgroup import discover
 from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._testing import fail_child_at
 
-from .conftest import holds, own_fds, why_not
+from .conftest import holds, own_fds, settled_fds, why_not
 
 PY = sys.executable
 ROOT = os.geteuid() == 0
@@ -147,7 +147,7 @@ def test_step_failure_reaches_python(step, tmp_path):
 
 
 def test_failure_leaves_no_child_and_closes_pipes():
-    before = own_fds()
+    before = settled_fds()  # earlier tests' pidfds closed by the supervisor
     with fail_child_at("close_fds", errno.EMFILE), pytest.raises(OSError):
         sbxlimit.Popen(
             [PY, "-c", "pass"],
