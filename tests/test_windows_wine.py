@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -119,10 +120,49 @@ def _wine_env(prefix: Path) -> dict[str, str]:
     return env
 
 
+def _wine_run(wine: str, args: list[str], env: dict[str, str], out: Path) -> tuple[int, str, str]:
+    """A program under Wine, its output into files: a process it leaves
+    behind holding a pipe cannot keep the run from ending."""
+    out_p, err_p = out.with_suffix(".out"), out.with_suffix(".err")
+    with open(out_p, "wb") as o, open(err_p, "wb") as e:
+        rc = subprocess.run(
+            [wine, *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=o,
+            stderr=e,
+            timeout=RUN_TIMEOUT,
+        ).returncode
+    return rc, out_p.read_text(errors="replace"), err_p.read_text(errors="replace")
+
+
+def _end_prefix(server: str, env: dict[str, str], prefix: Path) -> None:
+    """wineserver -k; then any process of this prefix Wine failed to end
+    (found by its WINEPREFIX: ours alone); then the prefix itself."""
+    for arg in ("-k", "-w"):
+        try:
+            subprocess.run(
+                [server, arg], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=30
+            )
+        except subprocess.TimeoutExpired:
+            pass
+    mark = f"WINEPREFIX={prefix}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark in f.read().split(b"\0"):
+                    os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    # A prefix is hundreds of MiB: not left for pytest's retention.
+    shutil.rmtree(prefix, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def job_test(tmp_path_factory: pytest.TempPathFactory):
     """job_test.exe built, and a Wine prefix of its own started; yields
-    (wine, exe, env).  wineserver -k at the end: nothing is left running."""
+    (wine, exe, env, tmp).  At the end nothing of the prefix is left
+    running, and the prefix is removed."""
     tmp = tmp_path_factory.mktemp("wine")
     exe = tmp / "job_test.exe"
     cmd = [
@@ -144,47 +184,26 @@ def job_test(tmp_path_factory: pytest.TempPathFactory):
     try:
         # The first start makes the prefix (a few seconds); a check timed
         # while it settles would measure Wine's start, not the job.
-        warm = subprocess.run(
-            [wine, str(exe), "pure"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT,
-        )
-        if '"cpu_rate_value"' not in warm.stdout:
-            pytest.skip(f"Wine does not run a Windows program here: {warm.stderr.strip()[-300:]}")
-        yield wine, exe, env
+        _rc, out, err = _wine_run(wine, [str(exe), "pure"], env, tmp / "warm")
+        if '"cpu_rate_value"' not in out:
+            pytest.skip(f"Wine does not run a Windows program here: {err.strip()[-300:]}")
+        yield wine, exe, env, tmp
     finally:
-        subprocess.run(
-            [server, "-k"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60
-        )
-        subprocess.run(
-            [server, "-w"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60
-        )
-        # A prefix is hundreds of MiB: not left for pytest's retention.
-        shutil.rmtree(tmp / "prefix", ignore_errors=True)
+        _end_prefix(server, env, tmp / "prefix")
 
 
 @pytest.fixture(scope="module")
 def results(job_test) -> dict[str, dict[str, str]]:
     """Every check, run once in one program (one Wine start)."""
-    wine, exe, env = job_test
-    ran = subprocess.run(
-        [wine, str(exe)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-    )
-    out: dict[str, dict[str, str]] = {}
-    for line in ran.stdout.splitlines():
+    wine, exe, env, tmp = job_test
+    rc, out, err = _wine_run(wine, [str(exe)], env, tmp / "all")
+    checks: dict[str, dict[str, str]] = {}
+    for line in out.splitlines():
         if line.startswith("{"):
             rec = json.loads(line)
-            out[rec["check"]] = rec
-    assert ran.returncode == 0, ran.stderr[-2000:]
-    return out
+            checks[rec["check"]] = rec
+    assert rc == 0, err[-2000:]
+    return checks
 
 
 def test_every_check_ran_and_is_listed(results):
@@ -211,13 +230,6 @@ def test_what_wine_lacks(results, check):
 
 def test_an_unknown_check_is_an_error(job_test):
     # A misspelt check name must not run nothing and exit 0.
-    wine, exe, env = job_test
-    ran = subprocess.run(
-        [wine, str(exe), "no-such-check"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert ran.returncode == 2 and "no such check" in ran.stderr
+    wine, exe, env, tmp = job_test
+    rc, _out, err = _wine_run(wine, [str(exe), "no-such-check"], env, tmp / "unknown")
+    assert rc == 2 and "no such check" in err
