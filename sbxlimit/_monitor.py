@@ -374,6 +374,7 @@ class Monitor:
         self._trash: list[str] = []  # discarded workspaces, removed here
         self._pool = Pool()
         self._netpool = NetPool()
+        self._wspool = _workspace.Pool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
         self._sleep_until = math.inf
         self.wakeups = 0  # loop iterations, for tests and benchmarks
@@ -725,6 +726,14 @@ class Monitor:
             self._wake()
         return cg
 
+    def take_workspace(self, sandbox_id: str) -> str | None:
+        """A private workspace made ahead of need (_workspace.Pool), renamed
+        for `sandbox_id`, or None."""
+        path = self._wspool.take(sandbox_id)
+        if self._wspool.wanted() and (not self._wspool.has_ready() or self._sleeps_long()):
+            self._wake()
+        return path
+
     def take_netns(self) -> int:
         """A network namespace made ahead of need (see _netpool), or -1."""
         fd = self._netpool.take()
@@ -789,6 +798,7 @@ class Monitor:
         wait until every retired cgroup is removed; True if none is left."""
         self._pool.drain(close=close)
         self._netpool.drain(close=close)
+        self._wspool.drain(close=close)
         self._empty_trash()
         end = time.monotonic() + timeout
         while True:
@@ -913,6 +923,9 @@ class Monitor:
                 due = min(due, now + _RETIRE_TICK)
             pool_due = now if self._pool.wanted() else self._pool.next_expiry()
             net_due = now if self._netpool.wanted() else self._netpool.next_expiry()
+            ws_due = now if self._wspool.wanted() else self._wspool.next_expiry()
+            if ws_due is not None:
+                due = min(due, ws_due)
             if pool_due is not None:
                 due = min(due, pool_due)
             if net_due is not None:
@@ -966,6 +979,8 @@ class Monitor:
             self._pool.work(now)  # unlocked: mkdirs and writes take a while
         if net_due is not None and net_due <= now:
             self._netpool.work(now)
+        if ws_due is not None and ws_due <= now:
+            self._wspool.work(now)
 
     def close_in_child(self) -> None:
         """After os.fork() (or a preexec_fn fork): the thread is gone;

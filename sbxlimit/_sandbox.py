@@ -119,6 +119,7 @@ class Sandbox:
     workspace: str | None = None  # the private workspace, until close()
     workspace_dir: str | None = None  # its path, kept after close() for the record
     workspace_removed = False  # close() removed it
+    owner_pid = 0  # the process that spawned it (a fork's copy owns nothing)
     belt: Belt | None = None  # macOS: the profile on its way in
     proxy: Any = None  # the filtering proxy serving it (_proxy.Served), allow_domains
     cgroup: Cgroup | None = None
@@ -283,6 +284,7 @@ class Sandbox:
         is given back (``_abort``) before the exception propagates."""
         p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite = stdio
         p = self.plan
+        self.owner_pid = os.getpid()
         implicit_cwd = cwd is None  # a cwd sbxlimit picks must not move "./prog"
         if p.active and self.policy is not None:
             env = self.policy.filter_env(environ_bytes() if env is None else env)
@@ -315,7 +317,8 @@ class Sandbox:
                 cg_dirfd = cg.dirfd
                 close_after += cg_procs
             if p.workspace:
-                ws = self.workspace = self.workspace_dir = _workspace.create(
+                ws = None if self.plan.keep_workspace else get_monitor().take_workspace(self.id)
+                ws = self.workspace = self.workspace_dir = ws or _workspace.create(
                     self.id, keep=self.plan.keep_workspace
                 )
                 if cwd is None:
@@ -1027,7 +1030,11 @@ class Sandbox:
 
     def finalize(self, reaped: bool) -> None:
         """Dropped without close(): the workspace goes with it (if the
-        program was reaped), the tmpfs fd in any case (unless kept)."""
+        program was reaped), the tmpfs fd in any case (unless kept).  Only
+        in the process that made it: a forked child's copy, collected at
+        its exit, must not remove its parent's workspace."""
+        if self.owner_pid != os.getpid():
+            return
         ws = self.workspace
         keep = self.plan.keep_workspace
         if ws is not None and reaped and not keep:

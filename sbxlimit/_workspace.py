@@ -18,10 +18,12 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 
 from ._plan import Plan, Request
 
 __all__ = [
+    "Pool",
     "create",
     "discard",
     "forget",
@@ -55,17 +57,106 @@ def plan_workdir(p: Plan, r: Request) -> None:
     p.hold("workspace", "supervisor:workdir", "used as given, not removed")
 
 
-def create(sandbox_id: str, *, keep: bool = False) -> str:
+def create(sandbox_id: str, *, keep: bool = False, dir: str | None = None) -> str:
     """Make the workspace and its tmp/; returns its path.  One to `keep` is
     not removed at interpreter exit, closed or not, and its name is not one
     ``sbxlimit gc`` takes for a crashed supervisor's leftover."""
     kind = "kept-" if keep else ""
-    path = tempfile.mkdtemp(prefix=f"sbxlimit-{kind}{sandbox_id}-")  # mode 0700
+    path = tempfile.mkdtemp(prefix=f"sbxlimit-{kind}{sandbox_id}-", dir=dir)  # mode 0700
     os.mkdir(os.path.join(path, "tmp"), 0o700)
     if not keep:
         with _lock:
             _live.add(path)
     return path
+
+
+# -- made ahead of need ----------------------------------------------------
+
+POOL_SIZE = 2  # ready workspaces
+POOL_IDLE = 10.0  # seconds without a taker before they go
+# Never a sandbox id (those count from 1): the name `sbxlimit gc` reads the
+# owner from while a workspace waits for a sandbox.
+_READY_ID = "0"
+
+
+class Pool:
+    """Private workspaces made ahead by the supervisor thread: a mkdtemp and
+    a mkdir are two inode creations on the caller's file system (45 us warm,
+    some 180 us after a pause here); taking a ready one is a rename to the
+    sandbox's name.  Thread-safe; the supervisor calls :meth:`work`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready: list[tuple[str, str]] = []  # (temp dir, path)
+        self._used = -1.0  # last take (monotonic); < 0: none asked
+        self._closed = False
+
+    def take(self, sandbox_id: str) -> str | None:
+        """A ready workspace renamed for `sandbox_id`, or None (then the
+        caller makes its own); either way some are kept ready from now on."""
+        tmp = tempfile.gettempdir()
+        with self._lock:
+            if self._closed:
+                return None
+            self._used = time.monotonic()
+            i = next((i for i, (d, _p) in enumerate(self._ready) if d == tmp), -1)
+            if i < 0:
+                return None
+            _d, ready = self._ready.pop(i)
+        # sbxlimit-<pid>-0-XXXX -> sbxlimit-<id>-XXXX: the random part stays.
+        suffix = os.path.basename(ready).split("-", 3)[3]
+        path = os.path.join(tmp, f"sbxlimit-{sandbox_id}-{suffix}")
+        try:
+            os.rename(ready, path)  # never over an existing name: the suffix is mkdtemp's
+        except OSError:
+            remove(ready)
+            return None
+        with _lock:
+            _live.discard(ready)
+            _live.add(path)
+        return path
+
+    def has_ready(self) -> bool:
+        with self._lock:
+            return bool(self._ready)
+
+    def wanted(self) -> bool:
+        with self._lock:
+            return self._used >= 0 and not self._closed and len(self._ready) < POOL_SIZE
+
+    def next_expiry(self) -> float | None:
+        with self._lock:
+            return self._used + POOL_IDLE if self._used >= 0 else None
+
+    def work(self, now: float) -> None:
+        """Supervisor thread: remove what went unused, make one if missing."""
+        with self._lock:
+            gone: list[tuple[str, str]] = []
+            if self._used >= 0 and now - self._used > POOL_IDLE:
+                gone, self._ready, self._used = self._ready, [], -1.0
+            make = self._used >= 0 and not self._closed and len(self._ready) < POOL_SIZE
+        for _d, path in gone:
+            remove(path)
+        if not make:
+            return
+        tmp = tempfile.gettempdir()
+        try:
+            path = create(f"{os.getpid():x}-{_READY_ID}", dir=tmp)
+        except OSError:
+            return  # spawns make their own, and say what failed
+        with self._lock:
+            if not self._closed and self._used >= 0:
+                self._ready.append((tmp, path))
+                return
+        remove(path)
+
+    def drain(self, *, close: bool = False) -> None:
+        """Remove every ready workspace; `close`: and make no more (exit)."""
+        with self._lock:
+            self._closed = self._closed or close
+            gone, self._ready, self._used = self._ready, [], -1.0
+        for _d, path in gone:
+            remove(path)
 
 
 def forget(path: str) -> None:
@@ -144,6 +235,17 @@ def tmpfs_usage(fd: int) -> tuple[int, bool]:
     """(bytes used, full) of the size-capped tmpfs whose root is `fd`."""
     st = os.fstatvfs(fd)
     return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bfree == 0
+
+
+def _forget_after_fork() -> None:
+    # A forked child (multiprocessing's workers, say) owns none of its
+    # parent's workspaces: its exit must not remove them.
+    global _lock
+    _live.clear()
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @atexit.register

@@ -225,12 +225,14 @@ def _new_fds(before: dict[int, str]) -> dict[int, str]:
 
 def settled_temp(path: str, timeout: float = 3.0) -> set[str]:
     """The entries of `path` once the supervisor has removed the
-    workspaces of closed sandboxes (renamed to *.removing at close)."""
+    workspaces of closed sandboxes (renamed to *.removing at close), but
+    for the ones it keeps ready (id 0: made and taken on its own thread)."""
     import time
 
+    ready = f"sbxlimit-{os.getpid():x}-0-"
     deadline = time.monotonic() + timeout
     while True:
-        names = set(os.listdir(path))
+        names = {n for n in os.listdir(path) if not n.startswith(ready)}
         if not any(n.endswith(".removing") for n in names) or time.monotonic() > deadline:
             return names
         time.sleep(0.02)

@@ -14,6 +14,8 @@ import sbxlimit
 from sbxlimit import Limits, Policy
 from sbxlimit._namespaces import CLONE_NEWNS, namespaces
 
+from .conftest import settled_temp
+
 pytestmark = pytest.mark.filterwarnings("ignore:sbxlimit.*not enforced here:RuntimeWarning")
 PY = sys.executable
 POLICY = Policy(protect_dotfiles=False)
@@ -114,6 +116,50 @@ def test_the_tree_is_removed_by_the_supervisor_not_the_caller(monkeypatch):
     assert not os.path.exists(trash)
 
 
+def test_a_workspace_made_ahead_is_the_sandboxs_own():
+    # After a first private workspace the supervisor keeps some ready (id
+    # 0); the next sandbox takes one, renamed for it: 0700, empty but for
+    # its tmp/, and the directory that was ready (same inode).
+    from sbxlimit._monitor import get_monitor
+
+    sbxlimit.run(["true"], policy=POLICY)
+    pool = get_monitor()._wspool
+    deadline = time.monotonic() + 10
+    while not pool.has_ready():
+        assert time.monotonic() < deadline, "no workspace was made ahead"
+        time.sleep(0.01)
+    with pool._lock:
+        ready = {os.stat(path).st_ino for _d, path in pool._ready}
+    cmd = ["sh", "-c", "ls -A; touch made"]
+    with sbxlimit.Popen(cmd, policy=POLICY, stdout=subprocess.PIPE) as p:
+        out = p.stdout.read()
+        p.wait()
+        ws = p.workspace
+        st = os.stat(ws)
+        assert os.path.basename(ws).startswith(f"sbxlimit-{p.sandbox_id}-")
+        assert st.st_ino in ready and st.st_mode & 0o777 == 0o700
+        assert out.split() == [b"tmp"] and os.path.exists(os.path.join(ws, "made"))
+    assert not os.path.exists(ws)
+
+
+def test_a_forked_childs_exit_leaves_the_parents_workspaces(tmp_path):
+    # A forked child that exits normally runs atexit: it must not remove
+    # the workspaces of its parent's sandboxes.
+    code = (
+        "import os, sys, sbxlimit\n"
+        "p = sbxlimit.Popen(['true'], policy=sbxlimit.Policy(protect_dotfiles=False))\n"
+        "p.wait()\n"
+        "if os.fork() == 0:\n"
+        "    sys.exit(0)\n"
+        "os.wait()\n"
+        "print(os.path.isdir(p.workspace))\n"
+        "p.__exit__(None, None, None)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.stdout.split() == ["True"], r.stderr
+
+
 def test_an_interpreter_that_exits_at_once_leaves_no_workspace(tmp_path):
     # The supervisor may not have removed the tree yet: exit does.
     code = (
@@ -176,11 +222,14 @@ def test_disk_on_a_given_workdir(tmp_path):
 def test_a_failed_spawn_removes_the_workspace():
     import tempfile
 
-    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("sbxlimit-")}
+    def workspaces() -> set[str]:
+        # Not the ones the supervisor keeps ready or is removing.
+        return {n for n in settled_temp(tempfile.gettempdir()) if n.startswith("sbxlimit-")}
+
+    before = workspaces()
     with pytest.raises(FileNotFoundError):
         sbxlimit.Popen(["/nonexistent/prog"], policy=POLICY)
-    after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("sbxlimit-")}
-    assert after == before
+    assert workspaces() == before
 
 
 def test_a_relative_program_is_found_from_the_callers_directory(tmp_path, monkeypatch):
