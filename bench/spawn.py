@@ -13,8 +13,9 @@ only where a cgroup can be used (see `sbxlimit doctor`).  For cgroup v2 on a
 v1 host: tests/vm/run-in-uml.sh python bench/spawn.py --rounds 100.
 Then the Linux sandbox (Landlock + seccomp) and each namespace on top of it,
 in a group of their own (isolate_pids fork()s, whose copy-on-write faults
-would land on the next variant).  Last, the cost of Popen.usage() on 100
-live sandboxes.
+would land on the next variant).  Then spawns 20 ms apart, as tool calls
+arrive (back to back, some kernel costs never show).  Last, the cost of
+Popen.usage() on 100 live sandboxes.
 
     python bench/spawn.py [--rounds 400] [--big-mib 256] [--only namespaces]
 """
@@ -178,7 +179,19 @@ def report_ns(title: str, group: dict[str, float]) -> None:
             print(f"the {TYPICAL} is {t / group[TYPICAL]:.1f}x faster than {n}")
 
 
-def measure(rounds: int, vs: dict[str, Callable[[], object]]) -> dict[str, float]:
+def spaced_variants() -> dict[str, Callable[[], object]]:
+    """Spawns that arrive apart, as an agent's tool calls do: what a
+    sandbox costs after the machine was quiet for a moment (cgroup v1
+    joins that wait for an RCU grace period show here, not back to back)."""
+    v: dict[str, Callable[[], object]] = {"subprocess.run": lambda: subprocess.run([TRUE])}
+    if SITE.version:
+        v[f"cgroup{SITE.version} per sandbox"] = lambda: sbxlimit.run([TRUE], limits=CG_LIMITS)
+    typical = sbxlimit.Policy(network="deny")
+    v[TYPICAL] = lambda: sbxlimit.run([TRUE], limits=TYPICAL_LIMITS, policy=typical)
+    return v
+
+
+def measure(rounds: int, vs: dict[str, Callable[[], object]], gap: float = 0.0) -> dict[str, float]:
     names = list(vs)
     times: dict[str, list[float]] = {n: [] for n in names}
     for n in names:  # warm up
@@ -188,6 +201,8 @@ def measure(rounds: int, vs: dict[str, Callable[[], object]]) -> dict[str, float
         order = names[:]
         rng.shuffle(order)
         for n in order:
+            if gap:
+                time.sleep(gap)  # not timed
             t0 = time.perf_counter()
             vs[n]()
             times[n].append(time.perf_counter() - t0)
@@ -269,6 +284,10 @@ def main() -> None:
         measure(a.rounds // 2, other_variants()),
     )
     del ballast
+    report_ns(
+        "spawns 20 ms apart (as tool calls arrive), this interpreter",
+        measure(max(a.rounds // 4, 20), spaced_variants(), gap=0.02),
+    )
     usage_cost()
 
 
