@@ -433,6 +433,7 @@ class Cgroup:
 
     __slots__ = (
         "armed",
+        "batches",
         "dirfd",
         "dirs",
         "events",
@@ -456,6 +457,10 @@ class Cgroup:
         # The files the child joins through, opened ahead (arm): a spawn takes them.
         self.ready_procs: list[int] = []
         self.paths: dict[tuple[str, str], str | None] = {}
+        # stats()'s reads as one core call, per (final, evidence): memoized.
+        self.batches: dict[
+            tuple[bool, bool], tuple[list[tuple[str, str]], list[tuple[int, str, None]]]
+        ] = {}
         self.peak_memory = 0
         self.peak_pids = 0
         self.removed = False
@@ -698,21 +703,24 @@ class Cgroup:
             files += [("memory", "memory.oom_control"), ("pids", "pids.events")]
         return files
 
-    def _read_all(self, files: list[tuple[str, str]]) -> Callable[[str, str], str]:
-        """Read `files` in one core call (the GIL released once, not once
-        per open, read and close); returns a reader of what was read that
-        falls back to _get for anything else."""
+    def _read_all(self, final: bool, evidence: bool) -> Callable[[str, str], str]:
+        """Read what stats() needs in one core call (the GIL released once,
+        not once per open, read and close); returns a reader of what was
+        read that falls back to _get for anything else."""
+        batch = self.batches.get((final, evidence))
+        if batch is None:
+            keys = [k for k in self._stats_files(final, evidence) if self._path(*k) is not None]
+            steps = [(_core.FS_READ, self._path(*k) or "", None) for k in keys]
+            batch = self.batches[(final, evidence)] = (keys, steps)
+        keys, steps = batch
         got: dict[tuple[str, str], str] = {}
-        if _HAS_FS_BATCH:
-            keys = [(k, path) for k in files if (path := self._path(*k)) is not None]
-            out = _core.fs_batch([(_core.FS_READ, path, None) for _k, path in keys], False)
-            for (k, path), r in zip(keys, out, strict=True):
-                if isinstance(r, bytes):
-                    got[k] = r.decode()
-                elif r == errno.EFBIG:
-                    got[k] = _read(path)  # larger than the core's buffer
-                else:
-                    got[k] = ""  # as _read: a file not there reads as nothing
+        for k, (_op, path, _d), r in zip(keys, steps, _core.fs_batch(steps, False), strict=True):
+            if type(r) is bytes:
+                got[k] = r.decode()
+            elif r == errno.EFBIG:
+                got[k] = _read(path)  # larger than the core's buffer
+            else:
+                got[k] = ""  # as _read: a file not there reads as nothing
 
         def get(ctrl: str, fname: str) -> str:
             text = got.get((ctrl, fname))
@@ -726,7 +734,7 @@ class Cgroup:
         sample."""
         s = CgroupStats()
         v2 = self.site.version == 2
-        get = self._read_all(self._stats_files(final, evidence))
+        get = self._read_all(final, evidence) if _HAS_FS_BATCH else self._get
         mem = "" if final else get("memory", "memory.current" if v2 else "memory.usage_in_bytes")
         if mem.strip().isdigit():
             s.memory_now = int(mem)
@@ -901,6 +909,7 @@ class Cgroup:
             if err in (0, errno.ENOENT):
                 del self.dirs[ctrl]
                 self.paths.clear()
+                self.batches.clear()
         self.removed = not self.dirs
         return self.removed
 
