@@ -87,6 +87,9 @@ class Pool:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # Held while one is made: drain() waits for it, so that none it
+        # leaves is made after (the lock above is not held across the mkdirs).
+        self._busy = threading.Lock()
         self._ready: list[tuple[str, str]] = []  # (temp dir, path)
         self._used = -1.0  # last take (monotonic); < 0: none asked
         self._closed = False
@@ -130,6 +133,10 @@ class Pool:
 
     def work(self, now: float) -> None:
         """Supervisor thread: remove what went unused, make one if missing."""
+        with self._busy:
+            self._work(now)
+
+    def _work(self, now: float) -> None:
         with self._lock:
             gone: list[tuple[str, str]] = []
             if self._used >= 0 and now - self._used > POOL_IDLE:
@@ -152,11 +159,12 @@ class Pool:
 
     def drain(self, *, close: bool = False) -> None:
         """Remove every ready workspace; `close`: and make no more (exit)."""
-        with self._lock:
-            self._closed = self._closed or close
-            gone, self._ready, self._used = self._ready, [], -1.0
-        for _d, path in gone:
-            remove(path)
+        with self._busy:
+            with self._lock:
+                self._closed = self._closed or close
+                gone, self._ready, self._used = self._ready, [], -1.0
+            for _d, path in gone:
+                remove(path)
 
 
 def forget(path: str) -> None:
