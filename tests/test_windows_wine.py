@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,17 @@ def _end_prefix(server: str, env: dict[str, str], prefix: Path) -> None:
                     os.kill(int(pid), signal.SIGKILL)
         except OSError:
             pass
+    # wineserver's socket directory, named after the prefix's device and
+    # inode (Debian's Wine makes it in a /tmp/wine-XXXXXX of its own).
+    try:
+        st = os.stat(prefix)
+        server_dir = f"server-{st.st_dev:x}-{st.st_ino:x}"
+        tmp = Path(tempfile.gettempdir())
+        for d in tmp.glob("wine-*"):
+            if (d / server_dir).is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+    except OSError:
+        pass
     # A prefix is hundreds of MiB: not left for pytest's retention.
     shutil.rmtree(prefix, ignore_errors=True)
 
