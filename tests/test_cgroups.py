@@ -82,25 +82,28 @@ def test_memory_hog_ends_with_reason_memory():
     assert r.usage.memory_peak >= 32 << 20
 
 
+# A helper that sleeps and a hog: the OOM kill takes the hog; the sandbox
+# (helper and leader included) must end with it.  Prints the helper's pid.
+TREE_HOG = """
+    import os, time
+    helper = os.fork()
+    if helper == 0:
+        time.sleep(60)
+        os._exit(0)
+    hog = os.fork()
+    if hog == 0:
+        b = bytearray(1 << 30)
+        b[::4096] = b"x" * (len(b) // 4096)
+        os._exit(0)
+    print(helper, flush=True)
+    os.waitpid(hog, 0)
+    time.sleep(60)
+"""
+
+
 @needs_cgroup
 def test_memory_tree_dies_as_a_whole():
-    # A helper that sleeps and a hog: the OOM kill takes the hog; the
-    # sandbox (helper and leader included) ends with it.
-    code = """
-        import os, time
-        helper = os.fork()
-        if helper == 0:
-            time.sleep(60)
-            os._exit(0)
-        hog = os.fork()
-        if hog == 0:
-            b = bytearray(1 << 30)
-            b[::4096] = b"x" * (len(b) // 4096)
-            os._exit(0)
-        print(helper, flush=True)
-        os.waitpid(hog, 0)
-        time.sleep(60)
-    """
+    code = TREE_HOG
     t0 = time.monotonic()
     r = py(code, limits=Limits(memory="32Mi", wall_time="50s"), capture_output=True, text=True)
     assert r.termination.reason == "memory", r.termination
@@ -602,21 +605,7 @@ def test_a_cgroup_armed_ahead_reports_an_oom_kill():
     # the first OOM kill (a helper that survives it included), at once.
     limits = Limits(memory="32Mi", wall_time="50s")
     _armed_pool_for(limits)
-    code = """
-        import os, time
-        helper = os.fork()
-        if helper == 0:
-            time.sleep(60)
-            os._exit(0)
-        hog = os.fork()
-        if hog == 0:
-            b = bytearray(1 << 30)
-            b[::4096] = b"x" * (len(b) // 4096)
-            os._exit(0)
-        print(helper, flush=True)
-        os.waitpid(hog, 0)
-        time.sleep(60)
-    """
+    code = TREE_HOG
     t0 = time.monotonic()
     with sbxlimit.Popen(
         [PY, "-c", textwrap.dedent(code)], limits=limits, stdout=subprocess.PIPE, text=True
