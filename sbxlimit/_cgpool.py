@@ -48,6 +48,9 @@ class Pool:
         self._used: dict[Kind, float] = {}  # kind -> last asked for
         self._names: dict[Kind, Callable[[], str]] = {}
         self._closed = False
+        # Held while one is made: drain() waits for it, so that no cgroup
+        # of the pool is made after drain() returns.
+        self._busy = threading.Lock()
 
     def take(self, site: Site, settings: Settings, name: Callable[[], str]) -> Cgroup | None:
         """A ready cgroup of this kind, or None; either way the kind is kept
@@ -87,6 +90,10 @@ class Pool:
     def work(self, now: float) -> None:
         """Supervisor thread: give back what expired, make what is missing
         (one cgroup per call, so the loop's other work is not held up)."""
+        with self._busy:
+            self._work(now)
+
+    def _work(self, now: float) -> None:
         with self._lock:
             recent = set(self._recent())
             expired = [k for k, t in self._used.items() if now - t > IDLE or k not in recent]
@@ -136,14 +143,15 @@ class Pool:
 
     def drain(self, *, close: bool = False) -> None:
         """Remove every ready cgroup; `close`: and make no more (exit)."""
-        with self._lock:
-            self._closed = self._closed or close
-            gone = [cg for ready in self._ready.values() for cg in ready]
-            self._ready.clear()
-            self._used.clear()
-            self._names.clear()
-        for cg in gone:
-            _remove(cg)
+        with self._busy:
+            with self._lock:
+                self._closed = self._closed or close
+                gone = [cg for ready in self._ready.values() for cg in ready]
+                self._ready.clear()
+                self._used.clear()
+                self._names.clear()
+            for cg in gone:
+                _remove(cg)
 
 
 def _watched(settings: Settings) -> list[str]:
