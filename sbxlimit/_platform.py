@@ -99,7 +99,7 @@ def planners() -> tuple[Planner, ...]:
             _cgroup.plan_pids,
             _rlimits.plan_pids,  # with the tree watchdog
             _watchdog.plan_wall_time,
-            _watchdog.plan_output,
+            _supervisor.plan_output,
             _cgroup.plan_cpu,
             _namespaces.plan_disk,  # a size-capped tmpfs, else the disk watchdog
         )
@@ -128,7 +128,7 @@ def planners() -> tuple[Planner, ...]:
             _rlimits.plan_address_space,
             _watchdog.plan_pids,  # RLIMIT_NPROC is per user here
             _watchdog.plan_wall_time,
-            _watchdog.plan_output,
+            _supervisor.plan_output,
             _cgroup.plan_cpu,
             _watchdog.plan_disk,
         )
@@ -151,7 +151,7 @@ def planners() -> tuple[Planner, ...]:
         _rlimits.plan_address_space,
         _rlimits.plan_pids,
         _watchdog.plan_wall_time,
-        _watchdog.plan_output,
+        _supervisor.plan_output,
         _cgroup.plan_cpu,
         _watchdog.plan_disk,
     )

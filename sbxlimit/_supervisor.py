@@ -1,8 +1,9 @@
 """Protections the supervising process itself holds or states: the
 environment it passes (``env``), the session it starts the program in
-(``terminal``), and what a platform cannot hold, said once in ``enforced``
-(Unix sockets by path on Linux, the parent-death signal and PID namespaces
-on macOS, file rules where no mechanism exists)."""
+(``terminal``), the output it pumps (``output``), and what a platform
+cannot hold, said once in ``enforced`` (Unix sockets by path on Linux,
+the parent-death signal and PID namespaces on macOS, file rules where no
+mechanism exists)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ __all__ = [
     "plan_no_files",
     "plan_no_parent_death",
     "plan_no_pid_namespace",
+    "plan_output",
     "plan_terminal",
     "plan_unix_sockets",
 ]
@@ -27,6 +29,17 @@ def plan_env(p: Plan, r: Request) -> None:
     if policy.drop_secrets:
         env += "; names with KEY, SECRET, TOKEN or PASSWORD dropped"
     p.hold("env", "supervisor:env", env)
+
+
+def plan_output(p: Plan, r: Request) -> None:
+    """stdout and stderr through a pump each (``_pump`` on POSIX, the job's
+    ``OutputPump`` threads on Windows), capped at ``Limits.output``."""
+    if r.limits is None or r.limits.output is None:
+        return
+    p.output = r.limits.output
+    p.truncate_output = r.limits.truncate_output
+    truncated = ("truncated, not killed",) if r.limits.truncate_output else ()
+    p.hold("output", "supervisor:output", *truncated)
 
 
 def plan_terminal(p: Plan, r: Request) -> None:

@@ -19,7 +19,6 @@ __all__ = [
     "plan_cpu_time",
     "plan_disk",
     "plan_memory",
-    "plan_output",
     "plan_pids",
     "plan_wall_time",
 ]
@@ -85,15 +84,6 @@ def plan_wall_time(p: Plan, r: Request) -> None:
         return
     p.wall_time = r.limits.wall_time
     p.hold("wall_time", "watchdog:wall_time")
-
-
-def plan_output(p: Plan, r: Request) -> None:
-    if r.limits is None or r.limits.output is None:
-        return
-    p.output = r.limits.output
-    p.truncate_output = r.limits.truncate_output
-    truncated = ("truncated, not killed",) if r.limits.truncate_output else ()
-    p.hold("output", "supervisor:output", *truncated)
 
 
 def plan_disk(p: Plan, r: Request, no_tmpfs: str = "") -> None:

@@ -25,7 +25,7 @@ from . import _platform
 from ._enforcement import Enforcement
 from ._evidence import Evidence, KillRecord, Usage
 from ._plan import Plan, Request
-from ._supervisor import plan_no_pid_namespace
+from ._supervisor import plan_no_pid_namespace, plan_output
 from ._termination import Outcome
 from ._workspace import plan_workdir, plan_workspace
 
@@ -131,16 +131,6 @@ def plan_disk(p: Plan, r: Request) -> None:
     )
     if r.policy is None or r.policy.workdir is None:
         p.workspace = True
-
-
-def plan_output(p: Plan, r: Request) -> None:
-    """stdout and stderr through a pump thread each (``OutputPump``)."""
-    if r.limits is None or r.limits.output is None:
-        return
-    p.output = r.limits.output
-    p.truncate_output = r.limits.truncate_output
-    truncated = ("truncated, not killed",) if r.limits.truncate_output else ()
-    p.hold("output", "supervisor:output", *truncated)
 
 
 def plan_unheld(p: Plan, r: Request) -> None:
