@@ -51,7 +51,14 @@ if TYPE_CHECKING:
 
     from ._cgroup import Cgroup, Site
 
-__all__ = ["Monitor", "Watch", "drain_before_exit", "get_monitor", "signal_tree"]
+__all__ = [
+    "Monitor",
+    "Watch",
+    "drain_before_exit",
+    "get_monitor",
+    "settle_monitor",
+    "signal_tree",
+]
 
 log = logging.getLogger("sbxlimit")
 
@@ -377,6 +384,7 @@ class Monitor:
         self._wspool = _workspace.Pool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
         self._sleep_until = math.inf
+        self._owed = False  # a take left a pool to refill: wake at settle()
         self.wakeups = 0  # loop iterations, for tests and benchmarks
         self._last_busy = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="sbxlimit-monitor", daemon=True)
@@ -723,7 +731,7 @@ class Monitor:
         if self._pool.wanted() and (
             not self._pool.has_ready(site, settings) or self._sleeps_long()
         ):
-            self._wake()
+            self._owed = True
         return cg
 
     def take_workspace(self, sandbox_id: str) -> str | None:
@@ -731,15 +739,24 @@ class Monitor:
         for `sandbox_id`, or None."""
         path = self._wspool.take(sandbox_id)
         if self._wspool.wanted() and (not self._wspool.has_ready() or self._sleeps_long()):
-            self._wake()
+            self._owed = True
         return path
 
     def take_netns(self) -> int:
         """A network namespace made ahead of need (see _netpool), or -1."""
         fd = self._netpool.take()
         if self._netpool.wanted() and (not self._netpool.has_ready() or self._sleeps_long()):
-            self._wake()
+            self._owed = True
         return fd
+
+    def settle(self) -> None:
+        """The caller's child exists: wake the thread for what the takes
+        above left to refill.  Not at the take itself: woken then, the
+        refill competes with the spawn for the GIL and the second core;
+        now it runs while the caller waits for its child."""
+        if self._owed:
+            self._owed = False
+            self._wake()
 
     def _sleeps_long(self) -> bool:
         return self._sleep_until > time.monotonic() + _SOON
@@ -1029,6 +1046,13 @@ def get_monitor() -> Monitor:
                 _monitor = Monitor()
             m = _monitor
     return m
+
+
+def settle_monitor() -> None:
+    """See Monitor.settle (nothing to do if no monitor runs)."""
+    m = _monitor
+    if m is not None:
+        m.settle()
 
 
 def _after_fork_in_child() -> None:

@@ -44,7 +44,7 @@ from ._enforcement import Enforcement
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
-from ._monitor import Watch, drain_before_exit, get_monitor, signal_tree
+from ._monitor import Watch, drain_before_exit, get_monitor, settle_monitor, signal_tree
 from ._plan import Held, Plan, plan, warn_downgrades
 from ._platform import CLONE_NEWNET, CLONE_NEWPID
 from ._policy import Policy, environ_bytes, put_env
@@ -304,6 +304,7 @@ class Sandbox:
         if errwrite != -1 and errread != -1 and errwrite != devnull:
             close_after.append(errwrite)
         ours = len(close_after)  # from here on: fds of our own making
+        pid = -1
         try:
             # First: a pooled cgroup gives the sandbox its id (and name).
             cg_dirfd = -1
@@ -462,6 +463,9 @@ class Sandbox:
             # Our own fds in close_after that the core never took.
             self._abort(pumps, ns, close_after[ours:] if ours >= 0 else ())
             raise
+        finally:
+            if pid != 0:  # not in a forked callable's child
+                settle_monitor()
         if ns is not None:
             ns.close()
         self._pumps = pumps

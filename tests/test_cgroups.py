@@ -599,6 +599,32 @@ def _armed_pool_for(limits: Limits) -> None:
 
 
 @needs_cgroup
+def test_the_pool_is_refilled_while_the_sandbox_that_took_from_it_runs(monkeypatch):
+    # The take does not wake the supervisor (the refill would compete with
+    # the spawn); the spawn's end does, so the refill is under way while
+    # the child runs, even when the supervisor had nothing else to do.
+    from sbxlimit import _cgpool, _monitor, _plan
+
+    limits = Limits(cpu="0.7")  # nothing for the supervisor to watch
+    sbxlimit.run(["true"], limits=limits)  # the supervisor makes this kind ahead from now on
+    settings = _plan.plan(limits, None, uid=os.geteuid(), site=SITE).cgroup_settings
+    pool = get_monitor()._pool
+    deadline = time.monotonic() + 10
+    while len(pool._ready.get((SITE, settings), ())) < _cgpool.SIZE:
+        assert time.monotonic() < deadline, "the pool never filled"
+        time.sleep(0.01)
+    monkeypatch.setattr(_monitor, "_LINGER", 0.2)
+    time.sleep(0.5)  # the supervisor goes to sleep: nothing is due
+    with sbxlimit.Popen(["sleep", "5"], limits=limits) as p:
+        deadline = time.monotonic() + 2
+        while len(pool._ready.get((SITE, settings), ())) < _cgpool.SIZE:
+            assert time.monotonic() < deadline, "not refilled while the sandbox ran"
+            time.sleep(0.01)
+        assert p._sbx.watch is None and p.poll() is None
+        p.kill_tree(grace=0)
+
+
+@needs_cgroup
 def test_a_cgroup_armed_ahead_reports_an_oom_kill():
     # A cgroup the supervisor made ahead comes with its join files and its
     # OOM event already open: the sandbox that takes it is still ended by
