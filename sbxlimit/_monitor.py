@@ -395,7 +395,9 @@ class Monitor:
     def register(self, w: Watch, *, timers: bool, exit: bool) -> None:
         """Watch a sandbox: with `timers`, its deadlines and samples; with
         `exit`, its leader's exit, to end what it leaves behind at once
-        (a leftover holding an output pipe would keep readers waiting)."""
+        (a leftover holding an output pipe would keep readers waiting).
+        The caller then calls settle(), which wakes the thread if it must
+        look at the watch sooner than it planned."""
         pidfd = -1
         if exit and self._exits is not None:
             try:
@@ -451,7 +453,7 @@ class Monitor:
         if pidfd >= 0:
             self._exits.register(pidfd, select.EPOLLIN)
         if wake:
-            self._wake()
+            self._owed = True  # the caller's settle() wakes the thread
 
     def _open_events(self, w: Watch) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
         """The cgroup's event fds for what the kernel reports, and the
@@ -511,9 +513,10 @@ class Monitor:
             self._drop_events(w)
 
     def add_pump(self, pump: Pump) -> None:
+        """Pass `pump`'s output on from the caller's settle() on."""
         with self._lock:
             self._new_pumps.append(pump)
-        self._wake()
+        self._owed = True
 
     def limit_kill(self, w: Watch, record: KillRecord, grace: float = 0.0) -> None:
         with self._lock:
@@ -750,8 +753,9 @@ class Monitor:
         return fd
 
     def settle(self) -> None:
-        """The caller's child exists: wake the thread for what the takes
-        above left to refill.  Not at the take itself: woken then, the
+        """The caller's child exists and is registered: wake the thread,
+        once, for what the takes above left to refill and what register()
+        and add_pump() gave it.  Not at the take itself: woken then, the
         refill competes with the spawn for the GIL and the second core;
         now it runs while the caller waits for its child."""
         if self._owed:

@@ -304,7 +304,6 @@ class Sandbox:
         if errwrite != -1 and errread != -1 and errwrite != devnull:
             close_after.append(errwrite)
         ours = len(close_after)  # from here on: fds of our own making
-        pid = -1
         try:
             # First: a pooled cgroup gives the sandbox its id (and name).
             cg_dirfd = -1
@@ -462,10 +461,8 @@ class Sandbox:
         except BaseException:
             # Our own fds in close_after that the core never took.
             self._abort(pumps, ns, close_after[ours:] if ours >= 0 else ())
+            settle_monitor()  # the pools taken from are refilled all the same
             raise
-        finally:
-            if pid != 0:  # not in a forked callable's child
-                settle_monitor()
         if ns is not None:
             ns.close()
         self._pumps = pumps
@@ -701,6 +698,13 @@ class Sandbox:
     def started(self, pid: int, *, piped: bool) -> None:
         """The child exists: note what we may kill, and hand it to the
         supervisor where something must be watched."""
+        try:
+            self._started(pid, piped)
+        finally:
+            # One wake-up for the pools taken from (spawn) and the watch.
+            settle_monitor()
+
+    def _started(self, pid: int, piped: bool) -> None:
         p = self.plan
         if p.active and audit.active():
             self.audit_spawn()
