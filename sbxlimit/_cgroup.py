@@ -457,9 +457,11 @@ class Cgroup:
         # The files the child joins through, opened ahead (arm): a spawn takes them.
         self.ready_procs: list[int] = []
         self.paths: dict[tuple[str, str], str | None] = {}
-        # stats()'s reads as one core call, per (final, evidence): memoized.
+        # stats()'s reads as one core call, per (final, evidence, process
+        # list's path or None): memoized.
         self.batches: dict[
-            tuple[bool, bool], tuple[list[tuple[str, str]], list[tuple[int, str, None]]]
+            tuple[bool, bool, str | None],
+            tuple[list[tuple[str, str]], list[tuple[int, str, None]]],
         ] = {}
         self.peak_memory = 0
         self.peak_pids = 0
@@ -615,14 +617,33 @@ class Cgroup:
         path = self._path(ctrl, fname)
         return "" if path is None else _read(path)
 
-    def pids(self) -> list[int]:
-        """Processes in the cgroup now."""
+    def _procs_path(self) -> str | None:
         d = next(iter(self.dirs.values()), None)
         if d is None:
-            return []
+            return None
         if self.site.version == 1 and "freezer" in self.dirs:
             d = self.dirs["freezer"]
-        return [int(x) for x in _read(os.path.join(d, "cgroup.procs")).split()]
+        return os.path.join(d, "cgroup.procs")
+
+    def pids(self) -> list[int]:
+        """Processes in the cgroup now."""
+        path = self._procs_path()
+        return [] if path is None else [int(x) for x in _read(path).split()]
+
+    def final_if_empty(self) -> CgroupStats | None:
+        """At the leader's exit: the final figures, if nothing is left
+        inside (the common case), read with the process list in one core
+        call; else None (kill() what is left, then read them).  cgroup v1:
+        v2's kill() is one write, and stats() another call."""
+        if self.removed or self.site.version != 1 or not _HAS_FS_BATCH:
+            return None
+        path = self._procs_path()
+        if path is None:
+            return None
+        get = self._read_all(True, True, procs=path)
+        if get("", "cgroup.procs").strip():
+            return None
+        return self.stats(final=True, get=get)
 
     def populated(self) -> bool:
         if self.site.version == 2:
@@ -703,15 +724,21 @@ class Cgroup:
             files += [("memory", "memory.oom_control"), ("pids", "pids.events")]
         return files
 
-    def _read_all(self, final: bool, evidence: bool) -> Callable[[str, str], str]:
+    def _read_all(
+        self, final: bool, evidence: bool, procs: str | None = None
+    ) -> Callable[[str, str], str]:
         """Read what stats() needs in one core call (the GIL released once,
         not once per open, read and close); returns a reader of what was
-        read that falls back to _get for anything else."""
-        batch = self.batches.get((final, evidence))
+        read that falls back to _get for anything else.  `procs`: the
+        process list to read first, as ("", "cgroup.procs")."""
+        batch = self.batches.get((final, evidence, procs))
         if batch is None:
             keys = [k for k in self._stats_files(final, evidence) if self._path(*k) is not None]
             steps = [(_core.FS_READ, self._path(*k) or "", None) for k in keys]
-            batch = self.batches[(final, evidence)] = (keys, steps)
+            if procs is not None:
+                keys.insert(0, ("", "cgroup.procs"))
+                steps.insert(0, (_core.FS_READ, procs, None))
+            batch = self.batches[(final, evidence, procs)] = (keys, steps)
         keys, steps = batch
         got: dict[tuple[str, str], str] = {}
         for k, (_op, path, _d), r in zip(keys, steps, _core.fs_batch(steps, False), strict=True):
@@ -728,13 +755,20 @@ class Cgroup:
 
         return get
 
-    def stats(self, *, final: bool = False, evidence: bool = True) -> CgroupStats:
+    def stats(
+        self,
+        *,
+        final: bool = False,
+        evidence: bool = True,
+        get: Callable[[str, str], str] | None = None,
+    ) -> CgroupStats:
         """Usage and (`evidence`) the event counters now; `final`: once
         empty, without the "now" figures.  Peaks fall back to the largest
-        sample."""
+        sample.  `get`: the files read already (_read_all)."""
         s = CgroupStats()
         v2 = self.site.version == 2
-        get = self._read_all(final, evidence) if _HAS_FS_BATCH else self._get
+        if get is None:
+            get = self._read_all(final, evidence) if _HAS_FS_BATCH else self._get
         mem = "" if final else get("memory", "memory.current" if v2 else "memory.usage_in_bytes")
         if mem.strip().isdigit():
             s.memory_now = int(mem)

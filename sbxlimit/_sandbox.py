@@ -818,7 +818,15 @@ class Sandbox:
             self.end = now
         pgid = self.tree_pgid or self.kill_group
         if self.cgroup is not None:
-            self.cgroup.kill()  # everything it left, wherever it went
+            # Nothing left (the common case): the final figures come with
+            # the process list.  Else end everything it left, wherever it
+            # went; the figures are read at the reap.
+            try:
+                self.cgstats = self.cgroup.final_if_empty()
+            except OSError:
+                self.cgstats = None
+            if self.cgstats is None:
+                self.cgroup.kill()
         elif pgid > 0:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -866,10 +874,11 @@ class Sandbox:
         self.cgroup = None
         if self.watch is not None:
             self.watch.cgroup = None
-        try:
-            self.cgstats = cg.stats(final=True)
-        except OSError:
-            pass
+        if self.cgstats is None:
+            try:
+                self.cgstats = cg.stats(final=True)
+            except OSError:
+                pass
         # rmdir (a memcg's teardown above all) is the slow part: the
         # supervisor does it, off the caller's path.  What the leader left
         # was killed at its exit (leader_exited).
