@@ -413,12 +413,64 @@ REAPER = _reaper()
 
 
 def view(
-    policy: Policy, workspace: str | None, shm_size: int | None, protected: Iterable[str] = ()
+    policy: Policy,
+    workspace: str | None,
+    shm_size: int | None,
+    protected: Iterable[str] = (),
+    *,
+    fresh: bool = False,
 ) -> tuple[View, bool, bool]:
     """The read-only view's entries for `policy` (csrc/sbx.h, struct
     sbx_view); whether "/" becomes read-only (not when it is a writable root
     itself); whether /dev is one of the sandbox's own (not when a writable
-    root holds it).  Paths are resolved here: the child follows no link."""
+    root holds it).  Paths are resolved here: the child follows no link.
+    `fresh`: `workspace` was made for this sandbox (never seen again)."""
+    protected = tuple(protected)
+    if fresh:
+        base = _view(policy, workspace, shm_size, protected)
+    else:
+        # The same workdir comes back at every spawn: what depends only on
+        # the policy and the protected paths' resolution is reused for as
+        # long as that resolution (_read_only_cached).
+        key = (policy, workspace, shm_size, protected)
+        now = time.monotonic()
+        with _resolved_lock:
+            hit = _views.get(key)
+        if hit is not None and now - hit[0] < TTL:
+            base = hit[1]
+        else:
+            base = _view(policy, workspace, shm_size, protected)
+            with _resolved_lock:
+                if len(_views) > 16:
+                    _views.clear()
+                _views[key] = (now, base)
+    out, ro_root, own_dev, rw, held = base
+    if not policy.deny_write and not policy.deny_read:
+        return out, ro_root, own_dev
+    # What the policy names itself is resolved at every spawn: a promise,
+    # where the protected paths are a best effort (docs/SECURITY.md).
+    # deny_write's entries after the protected paths' (as in Landlock).
+    out = list(out)
+    for path, source in _read_only(policy.deny_write).items():
+        if path not in held and any(within(path, r) for r in rw):
+            data = b"" if source == path else os.fsencode(source)
+            out.append((_core.VIEW_RO, os.fsencode(path), data))
+    for path in dict.fromkeys(os.path.realpath(x) for x in policy.deny_read):
+        if os.path.isdir(path):
+            out.append((_core.VIEW_HIDE_DIR, os.fsencode(path), b""))
+        elif os.path.lexists(path):
+            out.append((_core.VIEW_HIDE, os.fsencode(path), b""))
+    return out, ro_root, own_dev
+
+
+_Base = tuple[View, bool, bool, list[str], "ReadOnly"]
+
+
+def _view(
+    policy: Policy, workspace: str | None, shm_size: int | None, protected: tuple[str, ...]
+) -> _Base:
+    """view() without what deny_write and deny_read add; with the
+    writable roots and the protected paths' resolution."""
     real = os.path.realpath
     roots = [workspace] if workspace else []
     roots += policy.writable_roots
@@ -435,8 +487,7 @@ def view(
         # memory of other processes is none of the sandbox's business.
         size = f",size={shm_size}" if shm_size else ""
         out.append((_core.VIEW_TMPFS, b"/dev/shm", f"mode=1777{size}".encode()))
-    # deny_write's entries before the protected paths' (as in Landlock).
-    read_only = _read_only_cached(tuple(protected)) | _read_only(policy.deny_write)
+    read_only = _read_only_cached(protected)
     for path, source in read_only.items():
         # Outside the writable trees the view is read-only already.  One
         # that does not exist is skipped by the child (ENOENT), not asked
@@ -445,12 +496,7 @@ def view(
         if any(within(path, r) for r in rw):
             data = b"" if source == path else os.fsencode(source)
             out.append((_core.VIEW_RO, os.fsencode(path), data))
-    for path in dict.fromkeys(real(x) for x in policy.deny_read):
-        if os.path.isdir(path):
-            out.append((_core.VIEW_HIDE_DIR, os.fsencode(path), b""))
-        elif os.path.lexists(path):
-            out.append((_core.VIEW_HIDE, os.fsencode(path), b""))
-    return out, ro_root, own_dev
+    return out, ro_root, own_dev, rw, read_only
 
 
 ReadOnly = dict[str, str]
@@ -478,6 +524,8 @@ def _read_only(paths: Iterable[str]) -> ReadOnly:
 # is the child's to find out, at every spawn.
 _resolved: dict[tuple[str, ...], tuple[float, ReadOnly]] = {}
 _resolved_lock = threading.Lock()
+# view()'s entries but deny_read's, for a workdir (not a fresh workspace).
+_views: dict[tuple[Policy, str | None, int | None, tuple[str, ...]], tuple[float, _Base]] = {}
 
 
 def _read_only_cached(paths: tuple[str, ...]) -> ReadOnly:
@@ -548,7 +596,9 @@ class Spawn:
         ro_root = own_dev = False
         if plan.ro_view and policy is not None:
             where = workspace or policy.workdir
-            entries, ro_root, own_dev = view(policy, where, shm_size, protected)
+            entries, ro_root, own_dev = view(
+                policy, where, shm_size, protected, fresh=workspace is not None
+            )
         # Landlock skips the directory a mount hides: each tmpfs gets a rule
         # of its own in the child, with the rights the workspace has.
         ll = writable_rights(plan.landlock) if plan.landlock and (tmpfs or entries) else 0

@@ -326,3 +326,27 @@ def test_enforced_names_the_view():
     label = "userns+mountns:ro-view" if VIEW and VIEW.user else "mountns:ro-view"
     assert r.enforced["files"].startswith(label)
     assert r.enforced["protect_dotfiles"].startswith(f"{label} (bound read-only:")
+
+
+def test_what_the_policy_names_is_resolved_at_every_spawn(tmp_path):
+    # The view of a workdir is reused from one spawn to the next, but not
+    # deny_write and deny_read: a link retargeted, or a path made, between
+    # two spawns is held in the second at once.
+    for name in ("a", "b"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    pol = Policy(
+        workdir=str(tmp_path),
+        deny_write=[str(tmp_path / "link")],
+        deny_read=[str(tmp_path / "later")],
+    )
+    write = f"a sh -c 'echo x >> {tmp_path}/a'\nb sh -c 'echo x >> {tmp_path}/b'"
+    refused = {k: v != 0 for k, v in sh(write, pol).items()}
+    assert refused == {"a": True, "b": False}
+    (tmp_path / "link").unlink()
+    (tmp_path / "link").symlink_to(tmp_path / "b")
+    (tmp_path / "later").write_text("secret")
+    refused = {
+        k: v != 0 for k, v in sh(f"{write}\nlater grep -q secret {tmp_path}/later", pol).items()
+    }
+    assert refused == {"a": False, "b": True, "later": True}
