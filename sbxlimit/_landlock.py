@@ -19,7 +19,8 @@ IOCTL_DEV from 5.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 
 from . import _core
 from ._plan import Plan, Request
@@ -30,10 +31,12 @@ from ._protected import within
 __all__ = [
     "CONNECT_TCP",
     "TCP",
+    "drop_rulesets",
     "handled_rights",
     "plan_abi",
     "plan_scopes",
     "rules",
+    "ruleset",
     "subtract",
     "writable_rights",
 ]
@@ -149,6 +152,85 @@ def rules(
     out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes)]
     out += [(d, DEVICE) for d in DEVICES]
     return handled, out
+
+
+# A ruleset fd can be applied by any number of children (each
+# landlock_restrict_self copies it into the child's own domain): one is
+# kept per distinct set of rules and reused while every rule's path is
+# still the file it was when the ruleset was made.  Each spawn gets a dup
+# of it, so a ruleset dropped meanwhile never closes a spawn's fd.
+Net = tuple[int, int, Sequence[int], int]
+_Key = tuple[int, tuple[tuple[str, int], ...], tuple[int, int, tuple[int, ...], int]]
+_Ident = tuple[int, int] | None
+_rulesets: dict[_Key, tuple[int, tuple[_Ident, ...]]] = {}
+_rulesets_lock = threading.Lock()
+_KEEP = 16
+
+
+def _ident(path: str) -> _Ident:
+    # What the core's open(O_PATH) reaches: links followed.
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # the core skips it (or fails, and nothing is kept)
+    return (st.st_dev, st.st_ino)
+
+
+def ruleset(handled: int, file_rules: list[tuple[str, int]], net: Net, *, reuse: bool) -> int:
+    """A Landlock ruleset fd for `file_rules` and `net`, the caller's to
+    close; `reuse`: the rules may come back (a workdir, not a workspace
+    made for this sandbox), so keep the ruleset for the next spawn."""
+    h_net, a_net, ports, scoped = net
+    if not reuse:
+        return _core.landlock_ruleset(handled, file_rules, h_net, a_net, ports, scoped)[0]
+    key: _Key = (handled, tuple(file_rules), (h_net, a_net, tuple(ports), scoped))
+    # Before the ruleset is made: a path replaced meanwhile then differs
+    # from what is kept, and the next spawn makes a new ruleset.
+    idents = tuple(_ident(path) for path, _access in file_rules)
+    with _rulesets_lock:
+        hit = _rulesets.get(key)
+        if hit is not None and hit[1] == idents:
+            return os.dup(hit[0])
+    fd = _core.landlock_ruleset(handled, file_rules, h_net, a_net, ports, scoped)[0]
+    try:
+        kept = os.dup(fd)
+    except OSError:
+        return fd
+    with _rulesets_lock:
+        old = _rulesets.pop(key, None)
+        gone = [old[0]] if old is not None else []
+        if len(_rulesets) >= _KEEP:
+            gone += [k_fd for k_fd, _i in _rulesets.values()]
+            _rulesets.clear()
+        _rulesets[key] = (kept, idents)
+    for k_fd in gone:
+        os.close(k_fd)
+    return fd
+
+
+def drop_rulesets() -> None:
+    """Close the rulesets kept (Monitor.drain: nothing kept is left)."""
+    with _rulesets_lock:
+        gone = [k_fd for k_fd, _i in _rulesets.values()]
+        _rulesets.clear()
+    for k_fd in gone:
+        os.close(k_fd)
+
+
+def _forget_after_fork() -> None:
+    # The child's copies: closed, as its own spawns start afresh.
+    global _rulesets_lock
+    _rulesets_lock = threading.Lock()
+    for k_fd, _i in _rulesets.values():
+        try:
+            os.close(k_fd)
+        except OSError:
+            pass
+    _rulesets.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 # -- planning (_platform lists these) ------------------------------------------

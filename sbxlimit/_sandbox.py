@@ -401,7 +401,9 @@ class Sandbox:
                     self.policy, where, p.landlock, self.protected, view=p.ro_view
                 )
                 try:
-                    landlock_fd, _n = _core.landlock_ruleset(handled, ll_rules, *p.landlock_net)
+                    landlock_fd = _landlock.ruleset(
+                        handled, ll_rules, p.landlock_net, reuse=self.workspace is None
+                    )
                 except OSError as e:
                     raise setup_error("landlock:ruleset", e.errno or errno.EIO, 0) from e
                 close_after.append(landlock_fd)

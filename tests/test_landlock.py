@@ -10,7 +10,7 @@ import sbxlimit
 from sbxlimit import Policy, _core
 from sbxlimit._landlock import subtract
 
-from .conftest import why_not
+from .conftest import kept_in_a_fork, why_not
 
 pytestmark = pytest.mark.skipif(
     _core.landlock_abi() < 1, reason=f"no Landlock here ({why_not('landlock')})"
@@ -144,3 +144,43 @@ def test_enforced_and_no_downgrade_warning(recwarn):
     assert r.enforced["files"].startswith(f"landlock:abi{_core.landlock_abi()} (")
     assert "landlock:" in r.enforced["protect_dotfiles"]
     assert not [w for w in recwarn if "files" in str(w.message)]
+
+
+def test_a_kept_ruleset_follows_the_directory_its_workdir_names(tmp_path):
+    # The ruleset of a workdir is kept for the next spawn.  Moved away and
+    # made anew, the workdir is the new directory: the old one, wherever
+    # it went, is no longer writable.
+    w = tmp_path / "w"
+    w.mkdir()
+    assert sh(f"a touch {w}/a", workdir=str(w)) == {"a": 0}
+    w.rename(tmp_path / "old")
+    w.mkdir()
+    r = sh(f"new touch {w}/b\nold touch {tmp_path}/old/c", workdir=str(w))
+    assert r == {"new": 0, "old": 1}
+
+
+def test_the_same_rules_make_one_ruleset(tmp_path, monkeypatch):
+    made = []
+    real = _core.landlock_ruleset
+
+    def counting(*args):
+        made.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(_core, "landlock_ruleset", counting)
+    for _ in range(3):
+        assert sh(f"a touch {tmp_path}/a", workdir=str(tmp_path)) == {"a": 0}
+    assert len(made) == 1
+    # A workspace made for the sandbox is never seen again: not kept.
+    for _ in range(2):
+        assert sh("a touch a") == {"a": 0}
+    assert len(made) == 3
+
+
+def test_a_fork_closes_the_rulesets_kept(tmp_path):
+    from sbxlimit import _landlock
+
+    assert sh(f"a touch {tmp_path}/a", workdir=str(tmp_path)) == {"a": 0}
+    kept = [fd for fd, _idents in _landlock._rulesets.values()]
+    assert kept
+    assert kept_in_a_fork(kept) == {}
