@@ -39,18 +39,19 @@ def sources(platform: str) -> list[str]:
             "seccomp.c",
             "landlock.c",
             "namespaces.c",
+            "watch.c",
         ]
         return [*COMMON, *(f"csrc/linux/{f}" for f in linux)]
     # csrc/none/: the stand-ins for a mechanism the platform does not have.
     if platform == "darwin":
         darwin = ["proctree.c", "seatbelt_apply.c"]
-        none = ["cgroup.c", "seccomp.c", "landlock.c", "namespaces.c"]
+        none = ["cgroup.c", "seccomp.c", "landlock.c", "namespaces.c", "watch.c"]
         return [*COMMON, *(f"csrc/darwin/{f}" for f in darwin), *(f"csrc/none/{f}" for f in none)]
     if platform == "win32":
         # Job Objects (csrc/windows/); its own binding: none of the POSIX
         # core is built there (psutil's split: one binding per platform).
         return [f"csrc/windows/{f}" for f in ("_corewin.c", "job.c", "spawn.c")]
-    none = ["proctree.c", "cgroup.c", "seccomp.c", "landlock.c", "namespaces.c"]
+    none = ["proctree.c", "cgroup.c", "seccomp.c", "landlock.c", "namespaces.c", "watch.c"]
     return [*COMMON, *(f"csrc/none/{f}" for f in none)]
 
 

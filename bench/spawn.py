@@ -14,7 +14,8 @@ v1 host: tests/vm/run-in-uml.sh python bench/spawn.py --rounds 100.
 Then the Linux sandbox (Landlock + seccomp) and each namespace on top of it,
 in a group of their own (isolate_pids fork()s, whose copy-on-write faults
 would land on the next variant).  Then spawns 20 ms apart, as tool calls
-arrive (back to back, some kernel costs never show).  Last, the cost of
+arrive (back to back, some kernel costs never show), and 1.2 s apart (an
+occasional tool call, after every cache's second).  Last, the cost of
 Popen.usage() on 100 live sandboxes.
 
     python bench/spawn.py [--rounds 400] [--big-mib 256] [--only namespaces]
@@ -31,6 +32,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -191,6 +193,30 @@ def spaced_variants() -> dict[str, Callable[[], object]]:
     return v
 
 
+def paused_variants(project: str) -> dict[str, Callable[[], object]]:
+    """Spawns after a pause longer than every cache's second (_protected.TTL):
+    what an agent's occasional tool call costs, with a project of 1500
+    directories as workdir (its repositories are searched for protected
+    paths)."""
+    wd = sbxlimit.Policy(workdir=project)
+    typical = sbxlimit.Policy(network="deny")
+    return {
+        "subprocess.run": lambda: subprocess.run([TRUE]),
+        "Policy(workdir=a project)": lambda: sbxlimit.run([TRUE], policy=wd),
+        TYPICAL: lambda: sbxlimit.run([TRUE], limits=TYPICAL_LIMITS, policy=typical),
+    }
+
+
+def _project(root: str) -> str:
+    """A project tree: 1500 directories, three levels deep, a repository."""
+    for i in range(15):
+        for j in range(10):
+            for k in range(9):
+                os.makedirs(os.path.join(root, f"pkg{i}", f"mod{j}", f"part{k}"))
+    os.makedirs(os.path.join(root, ".git", "hooks"))
+    return root
+
+
 def measure(rounds: int, vs: dict[str, Callable[[], object]], gap: float = 0.0) -> dict[str, float]:
     names = list(vs)
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -256,6 +282,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=400)
     ap.add_argument("--big-mib", type=int, default=256)
     ap.add_argument("--only", choices=["namespaces"], help="run one group")
+    ap.add_argument("--paused-rounds", type=int, default=8, help="spawns 1.2 s apart")
     a = ap.parse_args()
     if a.only == "namespaces" or sys.platform.startswith("linux"):
         report_ns("Linux sandbox: policy and namespaces", measure(a.rounds // 2, ns_variants()))
@@ -288,6 +315,11 @@ def main() -> None:
         "spawns 20 ms apart (as tool calls arrive), this interpreter",
         measure(max(a.rounds // 4, 20), spaced_variants(), gap=0.02),
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        report_ns(
+            "spawns 1.2 s apart (an occasional tool call: every cache's second is over)",
+            measure(a.paused_rounds, paused_variants(_project(tmp)), gap=1.2),
+        )
     usage_cost()
 
 

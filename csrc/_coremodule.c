@@ -771,6 +771,156 @@ static PyObject *core_cgroup_fs_kind(PyObject *self, PyObject *arg)
     return PyLong_FromLong(kind);
 }
 
+PyDoc_STRVAR(watch_open_doc, "watch_open() -> int\n"
+                             "--\n\n"
+                             "A new inotify fd (non-blocking, close-on-exec) for watch_add.");
+
+static PyObject *core_watch_open(PyObject *self, PyObject *unused)
+{
+    int fd;
+
+    (void)self;
+    (void)unused;
+    fd = sbx_watch_open();
+    if (fd < 0) {
+        errno = -fd;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(fd);
+}
+
+PyDoc_STRVAR(watch_add_doc,
+             "watch_add(fd, paths, dirs, /) -> list[int]\n"
+             "--\n\n"
+             "Watch each of paths on the inotify fd (dirs: their entries; else the\n"
+             "files' contents), the GIL released once; returns each one's watch\n"
+             "descriptor, or -errno (-EXDEV: a filesystem whose changes this kernel\n"
+             "may not see).");
+
+static PyObject *core_watch_add(PyObject *self, PyObject *args)
+{
+    PyObject *seq, *fast = NULL, *keep = NULL, *out = NULL;
+    const char **paths = NULL;
+    int *wds = NULL;
+    Py_ssize_t i, n;
+    int fd, dirs;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iOp:watch_add", &fd, &seq, &dirs))
+        return NULL;
+    fast = PySequence_Fast(seq, "watch_add: paths must be a sequence");
+    if (!fast)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    keep = PyList_New(0);
+    paths = PyMem_Calloc((size_t)n + 1, sizeof *paths);
+    wds = PyMem_Calloc((size_t)n + 1, sizeof *wds);
+    if (!keep || !paths || !wds) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *path = NULL;
+
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &path))
+            goto done;
+        if (PyList_Append(keep, path) < 0) {
+            Py_DECREF(path);
+            goto done;
+        }
+        Py_DECREF(path); /* keep holds it */
+        paths[i] = PyBytes_AS_STRING(path);
+    }
+    Py_BEGIN_ALLOW_THREADS
+        for (i = 0; i < n; i++)
+            wds[i] = sbx_watch_add(fd, paths[i], dirs);
+    Py_END_ALLOW_THREADS
+    out = PyList_New(n);
+    if (!out)
+        goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *wd = PyLong_FromLong(wds[i]);
+
+        if (!wd) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, wd);
+    }
+done:
+    PyMem_Free(paths);
+    PyMem_Free(wds);
+    Py_XDECREF(keep);
+    Py_XDECREF(fast);
+    return out;
+}
+
+PyDoc_STRVAR(watch_changed_doc,
+             "watch_changed(fd, skip, /) -> list[int]\n"
+             "--\n\n"
+             "Drain the inotify fd's queue: the watch descriptors on which an event\n"
+             "that can change the protected paths' search was queued (a subdirectory\n"
+             "but those named in skip, a .git or a commondir made, removed or\n"
+             "renamed; a watched file changed; a watch lost), or [-1] (an overflow,\n"
+             "or too many to list: anything may have changed).");
+
+static PyObject *core_watch_changed(PyObject *self, PyObject *args)
+{
+    PyObject *seq, *fast = NULL, *keep = NULL, *out = NULL;
+    const char **skip = NULL;
+    int wds[256];
+    size_t n_wds = 0;
+    Py_ssize_t i, n;
+    int fd, r;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iO:watch_changed", &fd, &seq))
+        return NULL;
+    fast = PySequence_Fast(seq, "watch_changed: skip must be a sequence");
+    if (!fast)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    keep = PyList_New(0);
+    skip = PyMem_Calloc((size_t)n + 1, sizeof *skip);
+    if (!keep || !skip) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *name = NULL;
+
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &name))
+            goto done;
+        if (PyList_Append(keep, name) < 0) {
+            Py_DECREF(name);
+            goto done;
+        }
+        Py_DECREF(name); /* keep holds it */
+        skip[i] = PyBytes_AS_STRING(name);
+    }
+    r = sbx_watch_changed(fd, skip, (size_t)n, wds, sizeof wds / sizeof wds[0], &n_wds);
+    if (r < 0) {
+        errno = -r;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    out = PyList_New((Py_ssize_t)n_wds);
+    for (i = 0; out && i < (Py_ssize_t)n_wds; i++) {
+        PyObject *wd = PyLong_FromLong(wds[i]);
+
+        if (!wd) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, wd);
+    }
+done:
+    PyMem_Free(skip);
+    Py_XDECREF(keep);
+    Py_XDECREF(fast);
+    return out;
+}
+
 PyDoc_STRVAR(fs_batch_doc,
              "fs_batch(steps, stop_at_error, /) -> list[int]\n"
              "--\n\n"
@@ -1200,6 +1350,9 @@ static PyMethodDef core_methods[] = {
     {"seatbelt_canonical", core_seatbelt_canonical, METH_O, seatbelt_canonical_doc},
     {"cgroup_fs_kind", core_cgroup_fs_kind, METH_O, cgroup_fs_kind_doc},
     {"fs_batch", core_fs_batch, METH_VARARGS, fs_batch_doc},
+    {"watch_open", core_watch_open, METH_NOARGS, watch_open_doc},
+    {"watch_add", core_watch_add, METH_VARARGS, watch_add_doc},
+    {"watch_changed", core_watch_changed, METH_VARARGS, watch_changed_doc},
     {"probe", core_probe, METH_VARARGS, probe_doc},
     {"landlock_abi", core_landlock_abi, METH_NOARGS, landlock_abi_doc},
     {"spawn", core_spawn, METH_VARARGS, spawn_doc},

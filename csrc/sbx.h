@@ -376,6 +376,25 @@ struct sbx_fs_step {
  * of steps that failed. */
 size_t sbx_fs_batch(struct sbx_fs_step *steps, size_t n, int stop_at_error);
 
+/* ---- watches for the protected paths' search (linux/watch.c) ----------- */
+
+/* An inotify fd (non-blocking, close-on-exec), or -errno. */
+int sbx_watch_open(void);
+
+/* Watch `path` (dir: a directory's entries; else a file's content) on fd.
+ * Returns the watch descriptor, or -errno: -EXDEV where the filesystem is
+ * one whose changes this kernel may not see (network, FUSE). */
+int sbx_watch_add(int fd, const char *path, int dir);
+
+/* Drain fd's queue into wds (cap entries, *n_wds filled): the distinct
+ * watches on which an event that can change the search was queued (a
+ * subdirectory but those named in skip, a .git or a commondir made,
+ * removed or renamed; a watched file changed; a watch lost), or the one
+ * entry -1 (an overflow: anything may have changed; more than cap).
+ * Returns 0, or -errno. */
+int sbx_watch_changed(int fd, const char *const *skip, size_t n_skip, int *wds, size_t cap,
+                      size_t *n_wds);
+
 /* ---- doctor's probes (probe.c) ------------------------------------------ */
 
 enum sbx_probe_kind {

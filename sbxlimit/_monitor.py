@@ -816,7 +816,14 @@ class Monitor:
 
     def drain(self, timeout: float, *, close: bool = False) -> bool:
         """Remove the cgroups made ahead of need (`close`: make no more), and
-        wait until every retired cgroup is removed; True if none is left."""
+        wait until every retired cgroup is removed; True if none is left.
+        The Landlock rulesets and the protected paths' listings kept for
+        the next spawn go too."""
+        from ._landlock import drop_rulesets
+        from ._protected import drop_listings
+
+        drop_rulesets()
+        drop_listings()
         self._pool.drain(close=close)
         self._netpool.drain(close=close)
         self._wspool.drain(close=close)

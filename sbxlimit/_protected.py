@@ -21,12 +21,13 @@ Landlock carving needs it too.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 
-from . import _platform
+from . import _core, _platform
 from ._policy import DOTFILES, DOTFILES_DARWIN
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "TTL",
     "Found",
     "dotfiles",
+    "drop_listings",
     "missing_dotfiles",
     "protected",
     "replaceable_links",
@@ -77,11 +79,14 @@ class Found:
     complete: bool = True  # False: the search stopped at its bound
 
 
-def _git_dirs(git: str) -> list[str]:
+def _git_dirs(git: str, watch: _Watching | None = None) -> list[str]:
     """The directories git uses for the repository whose ``.git`` is `git`:
-    itself, or what a ``gitdir:`` file names and that one's common dir."""
+    itself, or what a ``gitdir:`` file names and that one's common dir
+    (`watch`: each file watched before it is read)."""
     if os.path.isdir(git):
         return [git]
+    if watch is not None:
+        watch.files([git])
     try:
         with open(git) as f:
             line = f.readline(4096).strip()
@@ -91,8 +96,12 @@ def _git_dirs(git: str) -> list[str]:
         return []
     target = os.path.join(os.path.dirname(git), line[len("gitdir:") :].strip())
     out = [os.path.realpath(target)]
+    commondir = os.path.join(out[0], "commondir")
+    if watch is not None:
+        watch.dirs([out[0]], top=True)  # a commondir made later
+        watch.files([commondir])
     try:
-        with open(os.path.join(out[0], "commondir")) as f:
+        with open(commondir) as f:
             common = f.readline(4096).strip()
         out.append(os.path.realpath(os.path.join(out[0], common)))
     except (OSError, UnicodeDecodeError):
@@ -100,19 +109,22 @@ def _git_dirs(git: str) -> list[str]:
     return out
 
 
-def _repo_paths(git: str) -> list[str]:
+def _repo_paths(git: str, watch: _Watching | None = None) -> list[str]:
     out = []
-    for d in _git_dirs(git):
+    for d in _git_dirs(git, watch):
         out += [os.path.join(d, "hooks"), os.path.join(d, "config")]
         out.append(os.path.join(d, "config.worktree"))
     return out
 
 
-def _search(root: str, budget: list[int]) -> tuple[list[str], bool]:
-    """Repositories' protected paths under root (breadth first)."""
+def _search(root: str, budget: list[int], watch: _Watching | None = None) -> tuple[list[str], bool]:
+    """Repositories' protected paths under root (breadth first); `watch`:
+    each directory watched before it is listed."""
     out: list[str] = []
     level = [root]
     for depth in range(MAX_DEPTH + 1):
+        if watch is not None:
+            watch.dirs(level[: max(budget[0], 0)], top=depth == 0)
         nxt = []
         for d in level:
             if budget[0] <= 0:
@@ -125,7 +137,7 @@ def _search(root: str, budget: list[int]) -> tuple[list[str], bool]:
                 continue
             for e in entries:
                 if e.name == ".git":
-                    out += _repo_paths(e.path)
+                    out += _repo_paths(e.path, watch)
                 elif depth < MAX_DEPTH and e.name not in _SKIP and e.path not in _PSEUDO:
                     try:
                         if e.is_dir(follow_symlinks=False):
@@ -136,12 +148,176 @@ def _search(root: str, budget: list[int]) -> tuple[list[str], bool]:
     return out, True
 
 
+class _Watching:
+    """The watches of one search: exact while every one was had."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.exact = True
+        self.wds: set[int] = set()
+        self.added = 0
+
+    def dirs(self, paths: list[str], *, top: bool = False) -> None:
+        # Below the top, a directory gone (or not one) is no loss: its
+        # parent's watch sees it come back.
+        self._add(paths, True, () if top else (errno.ENOENT, errno.ENOTDIR))
+
+    def files(self, paths: list[str]) -> None:
+        # A file not there: its directory's watch sees it made.
+        self._add(paths, False, (errno.ENOENT, errno.ENOTDIR))
+
+    def _add(self, paths: list[str], dirs: bool, harmless: tuple[int, ...]) -> None:
+        if not paths or not self.exact:
+            return
+        self.added += len(paths)
+        for wd in _core.watch_add(self.fd, paths, dirs):
+            if wd >= 0:
+                self.wds.add(wd)
+            elif -wd not in harmless:
+                self.exact = False  # the limit, a network filesystem: TTL only
+
+
+class _Listings:
+    """The search's listing (what a walk of up to MAX_DIRS directories
+    finds: 30-40 ms for a large tree, the bulk of a policy spawn after a
+    pause), kept for as long as nothing it depends on changed: every
+    directory it listed and every gitdir file it read is watched
+    (inotify), and the queue is drained before a listing is reused (the
+    kernel queues an event within the system call that made the change,
+    so no change made before the spawn is missed).  Only a change that
+    can alter the listing counts (a subdirectory, a .git or a commondir
+    made, removed or renamed; a gitdir file written), and only for the
+    listings that watch where it happened: files written in the tree do
+    not.  Without inotify, past the watch limit, or on a network
+    filesystem, the listing is kept for TTL, as the rest."""
+
+    _RESET = 8 * MAX_DIRS  # watches added before the fd is made anew
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.added = 0
+        # roots -> (made: 0 while watched, else when; found; complete; watches)
+        self.kept: dict[tuple[str, ...], tuple[float, list[str], bool, frozenset[int]]] = {}
+        # What changed while a search was under way, for it to see at its end.
+        self.log: list[frozenset[int]] = []
+        self.searching = 0
+
+    def get(self, roots: tuple[str, ...]) -> tuple[list[str], bool] | None:
+        with _lock:
+            if roots not in self.kept:
+                return None
+            self._drain()
+            hit = self.kept.get(roots)
+            if hit is None or (hit[0] and time.monotonic() - hit[0] >= TTL):
+                return None
+            return hit[1], hit[2]
+
+    def _drain(self) -> None:
+        if self.fd < 0:
+            return
+        try:
+            changed = frozenset(_core.watch_changed(self.fd, _SKIP_LIST))
+        except OSError:
+            changed = frozenset({-1})
+        if not changed:
+            return
+        for roots, (_made, _found, _complete, wds) in list(self.kept.items()):
+            if -1 in changed or wds & changed:
+                del self.kept[roots]
+        if self.searching:
+            self.log.append(changed)
+
+    def search(self, roots: tuple[str, ...]) -> tuple[list[str], bool]:
+        with _lock:
+            if self.fd < 0 and _WATCH:
+                try:
+                    self.fd = _core.watch_open()
+                except OSError:
+                    pass
+            fd, start = self.fd, len(self.log)
+            self.searching += 1
+        watch = _Watching(fd) if fd >= 0 else None
+        out: list[str] = []
+        budget = [MAX_DIRS]
+        complete = True
+        try:
+            for root in roots:
+                found, done = _search(root, budget, watch)
+                out += found
+                complete = complete and done
+        finally:
+            with _lock:
+                self.searching -= 1
+                if fd == self.fd:  # else made anew meanwhile: keep nothing
+                    self._keep(roots, watch, start, out, complete)
+                if not self.searching:
+                    self.log.clear()
+        return out, complete
+
+    def _keep(
+        self,
+        roots: tuple[str, ...],
+        watch: _Watching | None,
+        start: int,
+        out: list[str],
+        complete: bool,
+    ) -> None:
+        self._drain()
+        wds = frozenset(watch.wds) if watch is not None else frozenset()
+        if any(-1 in c or c & wds for c in self.log[start:]):
+            return  # a change where it listed, while it listed: not kept
+        exact = watch is not None and watch.exact
+        if len(self.kept) >= 64:
+            self.kept.clear()
+        self.kept[roots] = (0.0 if exact else time.monotonic(), out, complete, wds)
+        self.added += watch.added if watch is not None else 0
+        if self.added > self._RESET:
+            os.close(self.fd)
+            self.fd, self.added = -1, 0
+            self.kept.clear()
+
+    def forget(self) -> None:
+        """Drop every listing and the watches (Monitor.drain: nothing kept
+        is left).  In a forked child: the fd's queue is shared with the
+        parent, whose changes a drain here would take away."""
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.fd, self.added = -1, 0
+        self.kept.clear()
+
+
+_WATCH = hasattr(_core, "watch_open")
+# Directories the search never descends into: made or removed, they change
+# nothing it finds (a program run in the tree makes __pycache__ often).
+_SKIP_LIST = sorted(_SKIP - {".git"})
+
+
 # Spawns come in bursts (an agent's tool calls): the search of the same
 # roots is reused for this long.  A repository made meanwhile is found by
 # the next search.
 TTL = 1.0
 _cache: dict[tuple[str | None, tuple[str, ...], bool], tuple[float, Found]] = {}
 _lock = threading.Lock()
+_listings = _Listings()
+
+
+def drop_listings() -> None:
+    """See _Listings.forget."""
+    with _lock:
+        _listings.forget()
+
+
+def _forget_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _listings.forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def protected(home: str | None, roots: Iterable[str], *, darwin: bool = DARWIN) -> Found:
@@ -185,12 +361,9 @@ def _protected(home: str | None, roots: tuple[str, ...], darwin: bool) -> Found:
         for path in dotfiles(home, darwin=darwin):
             out.append(path)
             links += _links(home, path)
-    budget = [MAX_DIRS]
-    complete = True
-    for root in roots:
-        found, done = _search(root, budget)
-        out += found
-        complete = complete and done
+    listed = _listings.get(roots)
+    found, complete = listed if listed is not None else _listings.search(roots)
+    out += found
     paths = [os.path.realpath(p) for p in out] + links
     return Found(tuple(dict.fromkeys(paths)), complete)
 

@@ -194,7 +194,9 @@ def own_fds() -> set[str]:
     """Open fds, but for what the supervisor keeps ready and opens and
     closes on its own thread at any time: network namespaces (_netpool),
     and the join files and event fds of the cgroups it makes ahead
-    (_cgpool, Cgroup.arm).  The session's check drains them first and
+    (_cgpool, Cgroup.arm); and what is kept for the next spawn: the
+    Landlock rulesets (_landlock.ruleset), the protected paths' watches
+    (_protected._Listings).  The session's check drains them first and
     counts everything."""
     return {str(fd) for fd, target in _fds().items() if not _supervisors(target)}
 
@@ -202,7 +204,7 @@ def own_fds() -> set[str]:
 def _supervisors(target: str) -> bool:
     return (
         target.startswith("net:[")
-        or target == "anon_inode:[eventfd]"
+        or target in ("anon_inode:[eventfd]", "anon_inode:[landlock-ruleset]", "anon_inode:inotify")
         or (target.startswith("/sys/fs/cgroup/") and "/sbx-" in target)
     )
 
