@@ -43,6 +43,7 @@ __all__ = [
     "CgroupStats",
     "Site",
     "discover",
+    "fd_budget",
     "move_self_to_leaf",
     "warn_explicit_site",
 ]
@@ -107,7 +108,7 @@ def _read(path: str) -> str:
         os.close(fd)
 
 
-def _fd_budget() -> int:
+def fd_budget() -> int:
     """The fd number from which sbxlimit holds nothing of its own for long:
     the last quarter of the table is the caller's."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -548,7 +549,7 @@ class Cgroup:
         try:
             if not self.ready_procs:
                 fds = self._open_procs()
-                if max(fds, default=-1) >= _fd_budget():
+                if max(fds, default=-1) >= fd_budget():
                     # The caller's own files come first: open at the spawn.
                     for fd in fds:
                         os.close(fd)
@@ -879,7 +880,7 @@ class Cgroup:
 
     def _keep_event(self, fd: int, field: str) -> None:
         try:
-            if fd >= _fd_budget():
+            if fd >= fd_budget():
                 raise OSError(errno.EMFILE, "fd table three quarters full: sampled instead")
         except BaseException:
             os.close(fd)

@@ -818,12 +818,14 @@ class Monitor:
         """Remove the cgroups made ahead of need (`close`: make no more), and
         wait until every retired cgroup is removed; True if none is left.
         The Landlock rulesets and the protected paths' listings kept for
-        the next spawn go too."""
+        the next spawn go too, and the mount namespaces released so far."""
         from ._landlock import drop_rulesets
+        from ._namespaces import flush_mounts
         from ._protected import drop_listings
 
         drop_rulesets()
         drop_listings()
+        flush_mounts(timeout)
         self._pool.drain(close=close)
         self._netpool.drain(close=close)
         self._wspool.drain(close=close)

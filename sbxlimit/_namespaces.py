@@ -18,6 +18,7 @@ import array
 import dataclasses
 import functools
 import os
+import queue
 import shutil
 import socket
 import threading
@@ -26,6 +27,7 @@ import warnings
 from collections.abc import Iterable
 
 from . import _core, _landlock, _platform, _seccomp, _watchdog
+from ._cgroup import fd_budget
 from ._errors import ConfigError
 from ._landlock import writable_rights
 from ._plan import Plan, Request
@@ -43,11 +45,14 @@ __all__ = [
     "Spawn",
     "copy_out",
     "fd_path",
+    "flush_mounts",
+    "hold_mounts",
     "namespaces",
     "plan_disk",
     "plan_files",
     "plan_network",
     "plan_pid_namespace",
+    "release_mounts",
     "userns_blockers",
     "view",
 ]
@@ -545,6 +550,96 @@ def _read_only_cached(paths: tuple[str, ...]) -> ReadOnly:
 def _link_path(path: str) -> str:
     """A link as itself: its directory resolved, its own name kept."""
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+# A sandbox's mount namespace, held from the spawn to the reap.  The last
+# process of a namespace tears it down in its exit, before its parent
+# learns of the exit: the unmounts wait for an RCU grace period (0.1-0.5 ms
+# here, more when the other CPUs sleep), and the caller's wait() with them.
+# Held, the namespace goes when the hold is released, in a thread of its
+# own, off the caller's path.
+_held: set[int] = set()
+_held_lock = threading.Lock()
+_dropping: queue.SimpleQueue[int | threading.Event] | None = None
+_dropping_pid = 0
+
+
+def hold_mounts(pid: int) -> int:
+    """An fd that keeps `pid`'s mount namespace, or -1 (gone already: its
+    exit tore the namespace down; the fd table three quarters full)."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    if fd >= fd_budget():
+        os.close(fd)
+        return -1
+    with _held_lock:
+        _held.add(fd)
+    return fd
+
+
+def release_mounts(fd: int) -> None:
+    """Let the namespace `fd` holds go, off the caller's path."""
+    if fd < 0:
+        return
+    with _held_lock:
+        if fd not in _held:
+            return  # a forked child's copy: closed at the fork
+        _held.discard(fd)
+        q = _dropper()
+    q.put(fd)
+
+
+def flush_mounts(timeout: float) -> bool:
+    """Wait until every namespace released so far is gone (Monitor.drain)."""
+    with _held_lock:
+        q = _dropping if _dropping_pid == os.getpid() else None
+    if q is None:
+        return True
+    done = threading.Event()
+    q.put(done)
+    return done.wait(timeout)
+
+
+def _dropper() -> queue.SimpleQueue[int | threading.Event]:
+    global _dropping, _dropping_pid
+    if _dropping is None or _dropping_pid != os.getpid():
+        _dropping, _dropping_pid = queue.SimpleQueue(), os.getpid()
+        threading.Thread(
+            target=_drop, args=(_dropping,), name="sbxlimit-ns-release", daemon=True
+        ).start()
+    return _dropping
+
+
+def _drop(q: queue.SimpleQueue[int | threading.Event]) -> None:
+    while True:
+        item = q.get()
+        if isinstance(item, threading.Event):
+            item.set()
+            continue
+        try:
+            os.close(item)
+        except OSError:
+            pass
+
+
+def _forget_held_after_fork() -> None:
+    # The child's copies would keep the parent's sandboxes' namespaces as
+    # long as it lives; its thread is not there.
+    global _held_lock, _dropping
+    _held_lock = threading.Lock()
+    _dropping = None
+    for fd in _held:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
 class Spawn:

@@ -46,7 +46,7 @@ from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
 from ._monitor import Watch, drain_before_exit, get_monitor, settle_monitor, signal_tree
 from ._plan import Held, Plan, plan, warn_downgrades
-from ._platform import CLONE_NEWNET, CLONE_NEWPID
+from ._platform import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID
 from ._policy import Policy, environ_bytes, put_env
 from ._pump import Pump
 from ._seatbelt import Belt, proxy_env, terminal_devices
@@ -146,6 +146,8 @@ class Sandbox:
     # What it left.
     rusage: Any = None
     cgstats: CgroupStats | None = None
+    # Its mount namespace, held until the reap (_namespaces.hold_mounts).
+    mnt_hold: int = -1
     disk: int | None = None  # the workspace's size when the program ended
     disk_full = False  # the tmpfs was full when the program ended
     _outcome: Outcome | None = None
@@ -447,6 +449,10 @@ class Sandbox:
                 fail_step,
                 fail_errno,
             )
+            if failure is None and pid > 0 and p.ns_flags & CLONE_NEWNS and not p.workspace:
+                # Not with a workspace of its own: the namespace's teardown
+                # would then meet the workspace's removal (measured slower).
+                self.mnt_hold = _namespaces.hold_mounts(pid)
             if ns is not None and failure is None and pid != 0:
                 if p.proxy_port:
                     self._serve_proxy(ns.receive_listener())
@@ -839,6 +845,8 @@ class Sandbox:
         """The leader was reaped: keep what the evidence needs; returns the
         wait status the caller sees (the target's, under a PID 1)."""
         sts = self._target_status(sts)
+        _namespaces.release_mounts(self.mnt_hold)
+        self.mnt_hold = -1
         self.rusage = rusage
         if self.end is None:
             self.end = now
@@ -1054,6 +1062,8 @@ class Sandbox:
         its exit, must not remove its parent's workspace."""
         if self.owner_pid != os.getpid():
             return
+        _namespaces.release_mounts(self.mnt_hold)
+        self.mnt_hold = -1
         ws = self.workspace
         keep = self.plan.keep_workspace
         if ws is not None and reaped and not keep:

@@ -196,14 +196,15 @@ def own_fds() -> set[str]:
     and the join files and event fds of the cgroups it makes ahead
     (_cgpool, Cgroup.arm); and what is kept for the next spawn: the
     Landlock rulesets (_landlock.ruleset), the protected paths' watches
-    (_protected._Listings).  The session's check drains them first and
-    counts everything."""
+    (_protected._Listings); and the mount namespaces of sandboxes just
+    reaped, which a thread of their own lets go (_namespaces.hold_mounts).
+    The session's check drains them first and counts everything."""
     return {str(fd) for fd, target in _fds().items() if not _supervisors(target)}
 
 
 def _supervisors(target: str) -> bool:
     return (
-        target.startswith("net:[")
+        target.startswith(("net:[", "mnt:["))
         or target in ("anon_inode:[eventfd]", "anon_inode:[landlock-ruleset]", "anon_inode:inotify")
         or (target.startswith("/sys/fs/cgroup/") and "/sbx-" in target)
     )

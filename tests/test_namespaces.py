@@ -691,3 +691,24 @@ def test_a_caller_that_ignores_sigchld():
     # must go all the same.
     left = glob.glob(f"/sys/fs/cgroup/**/sbx-{owner}-*", recursive=True)
     assert not left
+
+
+@needs_mntns
+def test_the_mount_namespace_is_held_until_the_reap_then_let_go(tmp_path):
+    # Held, its teardown leaves the caller's wait (the last process of a
+    # namespace would tear it down before its parent learns of the exit);
+    # let go at the reap, by a thread of its own.
+    with sbxlimit.Popen(["sleep", "5"], policy=Policy(workdir=str(tmp_path))) as p:
+        fd = p._sbx.mnt_hold
+        assert fd >= 0
+        held = os.readlink(f"/proc/self/fd/{fd}")
+        assert held == os.readlink(f"/proc/{p.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        assert kept_in_a_fork([fd]) == {}  # a fork would keep it as long as it lives
+        p.kill()
+    assert p._sbx.mnt_hold == -1
+    assert _namespaces.flush_mounts(5)
+    try:
+        now = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        now = None
+    assert now != held
