@@ -51,6 +51,7 @@ class Pool:
         # Held while one is made: drain() waits for it, so that no cgroup
         # of the pool is made after drain() returns.
         self._busy = threading.Lock()
+        self._making: Cgroup | None = None
 
     def take(self, site: Site, settings: Settings, name: Callable[[], str]) -> Cgroup | None:
         """A ready cgroup of this kind, or None; either way the kind is kept
@@ -117,6 +118,8 @@ class Pool:
         site, settings = todo
         try:
             cg = Cgroup.create(site, f"sbx-{name()}", settings)
+            with self._lock:
+                self._making = cg  # its fds are a fork's to close from now on
             # Ready to join and to watch: the spawn and the registration
             # then open nothing (see Cgroup.arm).
             cg.arm(_watched(settings))
@@ -126,6 +129,9 @@ class Pool:
             with self._lock:
                 self._used.pop(todo, None)
             return
+        finally:
+            with self._lock:
+                self._making = None
         with self._lock:
             if not self._closed and todo in self._used:
                 self._ready.setdefault(todo, []).append(cg)
@@ -136,6 +142,8 @@ class Pool:
         """The fds its ready cgroups hold (for a forked child to close)."""
         with self._lock:
             ready = [cg for cgs in self._ready.values() for cg in cgs]
+            if self._making is not None:  # the one being armed
+                ready.append(self._making)
         out: dict[int, str | tuple[int, int]] = {}
         for cg in ready:
             out.update(cg.owned_fds())

@@ -548,13 +548,14 @@ class Cgroup:
         opened at the spawn as without arming."""
         try:
             if not self.ready_procs:
-                fds = self._open_procs()
-                if max(fds, default=-1) >= fd_budget():
+                # Each fd kept as it is opened: a fork meanwhile closes it
+                # in its child (Pool.owned).
+                self._open_procs(self.ready_procs)
+                if max(self.ready_procs, default=-1) >= fd_budget():
                     # The caller's own files come first: open at the spawn.
+                    fds, self.ready_procs = self.ready_procs, []
                     for fd in fds:
                         os.close(fd)
-                else:
-                    self.ready_procs = fds
             self.open_events(fields)
         except OSError:
             pass
@@ -591,15 +592,17 @@ class Cgroup:
             return fds
         return self._open_procs()
 
-    def _open_procs(self) -> list[int]:
+    def _open_procs(self, fds: list[int] | None = None) -> list[int]:
+        """The join files, opened into `fds` (a new list by default)."""
         fname = "tasks" if self.site.version == 1 else "cgroup.procs"
-        fds: list[int] = []
+        fds = [] if fds is None else fds
         try:
             for path in self.dirs.values():
                 fds.append(os.open(os.path.join(path, fname), os.O_WRONLY | os.O_CLOEXEC))
         except BaseException:
             for fd in fds:
                 os.close(fd)
+            fds.clear()
             raise
         return fds
 

@@ -645,6 +645,51 @@ def test_a_cgroup_armed_ahead_reports_an_oom_kill():
 
 
 @needs_cgroup
+def test_a_fork_while_a_cgroup_is_made_ahead_closes_its_files_too(monkeypatch):
+    # Forked while the supervisor arms a cgroup (its join files open, its
+    # events not yet): the child closes what is open of it so far.
+    import threading
+
+    from sbxlimit._cgroup import Cgroup
+
+    arming, forked = threading.Event(), threading.Event()
+    real = Cgroup.open_events
+
+    def held(self, *args, **kw):
+        if threading.current_thread().name == "sbxlimit-monitor":
+            arming.set()
+            forked.wait(10)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(Cgroup, "open_events", held)
+    get_monitor().drain(5)
+    try:
+        sbxlimit.run(["true"], limits=Limits(pids=21))  # this kind is made ahead from now on
+        assert arming.wait(10), "no cgroup was made ahead"
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                names = []
+                for fd in os.listdir("/proc/self/fd"):
+                    try:
+                        names.append(os.readlink(f"/proc/self/fd/{fd}"))
+                    except OSError:
+                        pass
+                os.write(w, "\n".join(names).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            names = f.read().split("\n")
+        os.waitpid(pid, 0)
+    finally:
+        forked.set()
+    assert [n for n in names if n.startswith("/sys/fs/cgroup/") and "/sbx-" in n] == []
+
+
+@needs_cgroup
 def test_a_fork_closes_the_cgroups_made_ahead():
     # A forked child (a ForkedSandbox's body, the pytest marker's test) has
     # a supervisor of its own: the parent's ready cgroups' files are closed.
