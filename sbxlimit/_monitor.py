@@ -40,7 +40,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _core, _workspace, audit
+from . import _core, _namespaces, _workspace, audit
 from ._cgpool import Pool
 from ._evidence import KillRecord, Samples
 from ._netpool import NetPool
@@ -378,7 +378,10 @@ class Monitor:
         # system call per process).  interval -> [members, next sweep].
         self._sweeps: dict[float, tuple[dict[Watch, None], list[float]]] = {}
         self._retiring: dict[Cgroup, float] = {}  # cgroup → give up after
-        self._trash: list[str] = []  # discarded workspaces, removed here
+        # Discarded workspaces, removed here (each with its sandbox's mount
+        # namespace held, or -1).
+        self._trash: list[tuple[str, int]] = []
+        self._emptying = 0  # threads removing what they took from _trash
         self._pool = Pool()
         self._netpool = NetPool()
         self._wspool = _workspace.Pool()
@@ -777,14 +780,17 @@ class Monitor:
         if wake:
             self._wake()
 
-    def remove_workspace(self, path: str) -> None:
+    def remove_workspace(self, path: str, mounts: int = -1) -> None:
         """Remove a closed sandbox's workspace: renamed away now (its path
-        is gone when this returns), its tree removed by this thread."""
+        is gone when this returns), its tree removed by this thread, after
+        it lets go of the sandbox's mount namespace (`mounts`, an fd from
+        _namespaces.hold_mounts, or -1)."""
         trash = _workspace.discard(path)
         if trash is None:
+            _namespaces.release_mounts(mounts)
             return
         with self._lock:
-            self._trash.append(trash)
+            self._trash.append((trash, mounts))
             wake = self._sleeps_long()
         if wake:
             self._wake()
@@ -792,7 +798,18 @@ class Monitor:
     def _empty_trash(self) -> None:
         with self._lock:
             trash, self._trash = self._trash, []
-        for path in trash:
+            self._emptying += 1
+        try:
+            self._remove_trash(trash)
+        finally:
+            with self._lock:
+                self._emptying -= 1
+
+    def _remove_trash(self, trash: list[tuple[str, int]]) -> None:
+        for path, mounts in trash:
+            # Its namespace's teardown first: a workspace still mounted in
+            # a live namespace costs its removal an unmount there.
+            _namespaces.let_go_of_mounts(mounts)
             # The usual workspace (its empty tmp/) in one core call, the GIL
             # released once; a tree the program left, the long way.
             steps = [
@@ -833,14 +850,21 @@ class Monitor:
         end = time.monotonic() + timeout
         while True:
             with self._lock:
-                if not self._retiring:
-                    return True
-                self._retire_tick(time.monotonic())
-                if not self._retiring:
-                    return True
+                # Workspaces still to remove, or being removed by the
+                # supervisor (their namespaces let go of first): not gone.
+                trash = bool(self._trash)
+                if not trash and not self._emptying:
+                    if not self._retiring:
+                        return True
+                    self._retire_tick(time.monotonic())
+                    if not self._retiring:
+                        return True
             if time.monotonic() >= end:
                 return False
-            time.sleep(0.005)
+            if trash:
+                self._empty_trash()
+            else:
+                time.sleep(0.005)
 
     # -- monitor thread -----------------------------------------------------
 

@@ -21,6 +21,7 @@ import os
 import queue
 import shutil
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -47,6 +48,7 @@ __all__ = [
     "fd_path",
     "flush_mounts",
     "hold_mounts",
+    "let_go_of_mounts",
     "namespaces",
     "plan_disk",
     "plan_files",
@@ -576,6 +578,7 @@ def hold_mounts(pid: int) -> int:
         return -1
     with _held_lock:
         _held.add(fd)
+        _dropper()  # started here: never at a release during the interpreter's exit
     return fd
 
 
@@ -587,8 +590,23 @@ def release_mounts(fd: int) -> None:
         if fd not in _held:
             return  # a forked child's copy: closed at the fork
         _held.discard(fd)
-        q = _dropper()
-    q.put(fd)
+        q = _dropping if _dropping_pid == os.getpid() else None
+    if q is None or sys.is_finalizing():
+        os.close(fd)  # no thread to hand it to (at exit)
+    else:
+        q.put(fd)
+
+
+def let_go_of_mounts(fd: int) -> None:
+    """release_mounts, here and now (the supervisor, before it removes the
+    workspace the namespace has mounted: the removal is then cheap)."""
+    if fd < 0:
+        return
+    with _held_lock:
+        if fd not in _held:
+            return
+        _held.discard(fd)
+    os.close(fd)
 
 
 def flush_mounts(timeout: float) -> bool:

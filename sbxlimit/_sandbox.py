@@ -449,9 +449,7 @@ class Sandbox:
                 fail_step,
                 fail_errno,
             )
-            if failure is None and pid > 0 and p.ns_flags & CLONE_NEWNS and not p.workspace:
-                # Not with a workspace of its own: the namespace's teardown
-                # would then meet the workspace's removal (measured slower).
+            if failure is None and pid > 0 and p.ns_flags & CLONE_NEWNS:
                 self.mnt_hold = _namespaces.hold_mounts(pid)
             if ns is not None and failure is None and pid != 0:
                 if p.proxy_port:
@@ -845,8 +843,12 @@ class Sandbox:
         """The leader was reaped: keep what the evidence needs; returns the
         wait status the caller sees (the target's, under a PID 1)."""
         sts = self._target_status(sts)
-        _namespaces.release_mounts(self.mnt_hold)
-        self.mnt_hold = -1
+        if self.workspace is None or self.plan.keep_workspace:
+            _namespaces.release_mounts(self.mnt_hold)
+            self.mnt_hold = -1
+        # else let go of by the supervisor right before it removes the
+        # workspace (close_workspace): its teardown first, then the removal
+        # finds no mount on the way.
         self.rusage = rusage
         if self.end is None:
             self.end = now
@@ -1048,10 +1050,13 @@ class Sandbox:
         finally:
             if keep:
                 _workspace.forget(ws)
+                _namespaces.release_mounts(self.mnt_hold)
+                self.mnt_hold = -1
             else:
                 # Gone from its path now; its tree is removed by the
                 # supervisor, off the caller's path.
-                get_monitor().remove_workspace(ws)
+                hold, self.mnt_hold = self.mnt_hold, -1
+                get_monitor().remove_workspace(ws, hold)
                 # Removal is best effort: say what is true.
                 self.workspace_removed = not os.path.lexists(ws)
 

@@ -712,3 +712,25 @@ def test_the_mount_namespace_is_held_until_the_reap_then_let_go(tmp_path):
     except OSError:
         now = None
     assert now != held
+
+
+@needs_mntns
+def test_with_a_workspace_the_namespace_goes_right_before_the_workspace():
+    # Let go of by the supervisor right before it removes the workspace,
+    # which is then mounted nowhere.
+    from sbxlimit._monitor import get_monitor
+
+    with sbxlimit.Popen(["sleep", "0.3"], policy=Policy()) as p:
+        p.wait()
+        fd = p._sbx.mnt_hold
+        assert fd >= 0  # reaped, the workspace not yet removed
+        held = os.readlink(f"/proc/self/fd/{fd}")
+        ws = p.workspace
+    assert p._sbx.mnt_hold == -1
+    assert get_monitor().drain(5)
+    assert not os.path.lexists(ws)
+    try:
+        now = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        now = None
+    assert now != held
