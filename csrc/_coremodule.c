@@ -799,59 +799,44 @@ PyDoc_STRVAR(watch_add_doc,
 
 static PyObject *core_watch_add(PyObject *self, PyObject *args)
 {
-    PyObject *seq, *fast = NULL, *keep = NULL, *out = NULL;
-    const char **paths = NULL;
+    PyObject *seq, *keep, *out = NULL;
+    char **paths = NULL;
     int *wds = NULL;
-    Py_ssize_t i, n;
+    size_t i, n = 0;
     int fd, dirs;
 
     (void)self;
     if (!PyArg_ParseTuple(args, "iOp:watch_add", &fd, &seq, &dirs))
         return NULL;
-    fast = PySequence_Fast(seq, "watch_add: paths must be a sequence");
-    if (!fast)
-        return NULL;
-    n = PySequence_Fast_GET_SIZE(fast);
     keep = PyList_New(0);
-    paths = PyMem_Calloc((size_t)n + 1, sizeof *paths);
-    wds = PyMem_Calloc((size_t)n + 1, sizeof *wds);
-    if (!keep || !paths || !wds) {
+    if (!keep)
+        return NULL;
+    paths = to_cstrings_keep(seq, "watch_add: paths must be a sequence", keep, &n);
+    if (!paths)
+        goto done;
+    wds = PyMem_Calloc(n + 1, sizeof *wds);
+    if (!wds) {
         PyErr_NoMemory();
         goto done;
-    }
-    for (i = 0; i < n; i++) {
-        PyObject *path = NULL;
-
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &path))
-            goto done;
-        if (PyList_Append(keep, path) < 0) {
-            Py_DECREF(path);
-            goto done;
-        }
-        Py_DECREF(path); /* keep holds it */
-        paths[i] = PyBytes_AS_STRING(path);
     }
     Py_BEGIN_ALLOW_THREADS
         for (i = 0; i < n; i++)
             wds[i] = sbx_watch_add(fd, paths[i], dirs);
     Py_END_ALLOW_THREADS
-    out = PyList_New(n);
-    if (!out)
-        goto done;
-    for (i = 0; i < n; i++) {
+    out = PyList_New((Py_ssize_t)n);
+    for (i = 0; out && i < n; i++) {
         PyObject *wd = PyLong_FromLong(wds[i]);
 
         if (!wd) {
             Py_CLEAR(out);
             goto done;
         }
-        PyList_SET_ITEM(out, i, wd);
+        PyList_SET_ITEM(out, (Py_ssize_t)i, wd);
     }
 done:
     PyMem_Free(paths);
     PyMem_Free(wds);
-    Py_XDECREF(keep);
-    Py_XDECREF(fast);
+    Py_DECREF(keep);
     return out;
 }
 
@@ -866,58 +851,41 @@ PyDoc_STRVAR(watch_changed_doc,
 
 static PyObject *core_watch_changed(PyObject *self, PyObject *args)
 {
-    PyObject *seq, *fast = NULL, *keep = NULL, *out = NULL;
-    const char **skip = NULL;
+    PyObject *seq, *keep, *out = NULL;
+    char **skip;
     int wds[256];
-    size_t n_wds = 0;
-    Py_ssize_t i, n;
+    size_t i, n = 0, n_wds = 0;
     int fd, r;
 
     (void)self;
     if (!PyArg_ParseTuple(args, "iO:watch_changed", &fd, &seq))
         return NULL;
-    fast = PySequence_Fast(seq, "watch_changed: skip must be a sequence");
-    if (!fast)
-        return NULL;
-    n = PySequence_Fast_GET_SIZE(fast);
     keep = PyList_New(0);
-    skip = PyMem_Calloc((size_t)n + 1, sizeof *skip);
-    if (!keep || !skip) {
-        PyErr_NoMemory();
+    if (!keep)
+        return NULL;
+    skip = to_cstrings_keep(seq, "watch_changed: skip must be a sequence", keep, &n);
+    if (!skip)
         goto done;
-    }
-    for (i = 0; i < n; i++) {
-        PyObject *name = NULL;
-
-        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &name))
-            goto done;
-        if (PyList_Append(keep, name) < 0) {
-            Py_DECREF(name);
-            goto done;
-        }
-        Py_DECREF(name); /* keep holds it */
-        skip[i] = PyBytes_AS_STRING(name);
-    }
-    r = sbx_watch_changed(fd, skip, (size_t)n, wds, sizeof wds / sizeof wds[0], &n_wds);
+    r = sbx_watch_changed(fd, (const char *const *)skip, n, wds, sizeof wds / sizeof wds[0],
+                          &n_wds);
     if (r < 0) {
         errno = -r;
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
     out = PyList_New((Py_ssize_t)n_wds);
-    for (i = 0; out && i < (Py_ssize_t)n_wds; i++) {
+    for (i = 0; out && i < n_wds; i++) {
         PyObject *wd = PyLong_FromLong(wds[i]);
 
         if (!wd) {
             Py_CLEAR(out);
             goto done;
         }
-        PyList_SET_ITEM(out, i, wd);
+        PyList_SET_ITEM(out, (Py_ssize_t)i, wd);
     }
 done:
     PyMem_Free(skip);
-    Py_XDECREF(keep);
-    Py_XDECREF(fast);
+    Py_DECREF(keep);
     return out;
 }
 

@@ -644,6 +644,29 @@ def test_a_cgroup_armed_ahead_reports_an_oom_kill():
     assert not wait_gone([int(out.split()[0])])
 
 
+def _open_in_a_fork() -> list[str]:
+    """What a child made by os.fork() has open (the at-fork handlers ran)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            names = []
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    names.append(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    pass
+            os.write(w, "\n".join(names).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        names = f.read().split("\n")
+    os.waitpid(pid, 0)
+    return names
+
+
 @needs_cgroup
 def test_a_fork_while_a_cgroup_is_made_ahead_closes_its_files_too(monkeypatch):
     # Forked while the supervisor arms a cgroup (its join files open, its
@@ -666,24 +689,7 @@ def test_a_fork_while_a_cgroup_is_made_ahead_closes_its_files_too(monkeypatch):
     try:
         sbxlimit.run(["true"], limits=Limits(pids=21))  # this kind is made ahead from now on
         assert arming.wait(10), "no cgroup was made ahead"
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(r)
-                names = []
-                for fd in os.listdir("/proc/self/fd"):
-                    try:
-                        names.append(os.readlink(f"/proc/self/fd/{fd}"))
-                    except OSError:
-                        pass
-                os.write(w, "\n".join(names).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
-        with os.fdopen(r) as f:
-            names = f.read().split("\n")
-        os.waitpid(pid, 0)
+        names = _open_in_a_fork()
     finally:
         forked.set()
     assert [n for n in names if n.startswith("/sys/fs/cgroup/") and "/sbx-" in n] == []
@@ -694,23 +700,6 @@ def test_a_fork_closes_the_cgroups_made_ahead():
     # A forked child (a ForkedSandbox's body, the pytest marker's test) has
     # a supervisor of its own: the parent's ready cgroups' files are closed.
     _armed_pool_for(Limits(memory="64Mi", pids=32))
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            names = []
-            for fd in os.listdir("/proc/self/fd"):
-                try:
-                    names.append(os.readlink(f"/proc/self/fd/{fd}"))
-                except OSError:
-                    pass
-            os.write(w, "\n".join(names).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        names = f.read().split("\n")
-    os.waitpid(pid, 0)
+    names = _open_in_a_fork()
     leaked = [n for n in names if n.startswith("/sys/fs/cgroup/") or "eventfd" in n]
     assert leaked == []
