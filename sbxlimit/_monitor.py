@@ -571,10 +571,18 @@ class Monitor:
         return h[0][0] if h else math.inf
 
     def _start_kill(self, w: Watch, record: KillRecord, grace: float) -> None:
-        if w.done or w.kill is not None:
+        if w.kill is not None:
             return  # the first reason wins
-        if leader_exited(w.pid):
-            self._leader_exited(w)
+        if w.done or leader_exited(w.pid):
+            if record.reason == "output":
+                # Written past the cap before the end was seen: the verdict
+                # is the limit's all the same (SPEC 2, the verdict rule),
+                # whichever of the exit and the count came first.  The
+                # caller reads it after the pump is done (communicate()).
+                w.kill = record
+                w.hits.add(record.reason)
+            if not w.done:
+                self._leader_exited(w)
             return
         w.kill = record
         w.hits.add(record.reason)

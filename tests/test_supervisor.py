@@ -546,3 +546,23 @@ def test_wait_timeout_is_one_deadline_for_every_stream():
         for r, _w in outs:
             os.close(r)
     assert took < 1.3, f"wait(timeout=1.0) raised after {took:.1f} s"
+
+
+def test_output_past_the_cap_is_the_verdict_even_when_the_exit_is_seen_first(monkeypatch):
+    # The pump counts late (a loaded machine): the program has exited and
+    # been seen to before the excess is counted.  The verdict is the
+    # limit's all the same.
+    import time
+
+    from sbxlimit import _pump
+
+    real = _pump.Pump._read
+
+    def late(self):
+        time.sleep(0.3)
+        return real(self)
+
+    monkeypatch.setattr(_pump.Pump, "_read", late)
+    code = "import sys\nsys.stdout.write('o' * 5000)\nsys.stderr.write('e' * 5000)"
+    r = run_py(code, limits=Limits(output=6000), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert r.termination.reason == "output" and len(r.stdout) == 6000
