@@ -546,16 +546,15 @@ class Cgroup:
         (memory, pids).  The supervisor arms the cgroups it makes ahead
         (_cgpool), off the caller's path.  Best effort: what fails here is
         opened at the spawn as without arming."""
-        try:
-            if not self.ready_procs:
+        if not self.ready_procs:
+            try:
                 # Each fd kept as it is opened: a fork meanwhile closes it
-                # in its child (Pool.owned).
-                self._open_procs(self.ready_procs)
-                if max(self.ready_procs, default=-1) >= fd_budget():
-                    # The caller's own files come first: open at the spawn.
-                    fds, self.ready_procs = self.ready_procs, []
-                    for fd in fds:
-                        os.close(fd)
+                # in its child (Pool.owned).  The caller's own files come
+                # first: past the budget, none is kept (opened at the spawn).
+                self._open_procs(self.ready_procs, budget=fd_budget())
+            except OSError:
+                pass
+        try:
             self.open_events(fields)
         except OSError:
             pass
@@ -592,13 +591,16 @@ class Cgroup:
             return fds
         return self._open_procs()
 
-    def _open_procs(self, fds: list[int] | None = None) -> list[int]:
-        """The join files, opened into `fds` (a new list by default)."""
+    def _open_procs(self, fds: list[int] | None = None, budget: int | None = None) -> list[int]:
+        """The join files, opened into `fds` (a new list by default);
+        `budget`: an fd number none may reach (EMFILE, none kept)."""
         fname = "tasks" if self.site.version == 1 else "cgroup.procs"
         fds = [] if fds is None else fds
         try:
             for path in self.dirs.values():
                 fds.append(os.open(os.path.join(path, fname), os.O_WRONLY | os.O_CLOEXEC))
+                if budget is not None and fds[-1] >= budget:
+                    raise OSError(errno.EMFILE, "fd table three quarters full")
         except BaseException:
             for fd in fds:
                 os.close(fd)
