@@ -771,6 +771,24 @@ static PyObject *core_cgroup_fs_kind(PyObject *self, PyObject *arg)
     return PyLong_FromLong(kind);
 }
 
+/* A list of n ints (watch descriptors, or -errno). */
+static PyObject *int_list(const int *v, size_t n)
+{
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    size_t i;
+
+    for (i = 0; out && i < n; i++) {
+        PyObject *x = PyLong_FromLong(v[i]);
+
+        if (!x) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, x);
+    }
+    return out;
+}
+
 PyDoc_STRVAR(watch_open_doc, "watch_open() -> int\n"
                              "--\n\n"
                              "A new inotify fd (non-blocking, close-on-exec) for watch_add.");
@@ -823,16 +841,7 @@ static PyObject *core_watch_add(PyObject *self, PyObject *args)
         for (i = 0; i < n; i++)
             wds[i] = sbx_watch_add(fd, paths[i], dirs);
     Py_END_ALLOW_THREADS
-    out = PyList_New((Py_ssize_t)n);
-    for (i = 0; out && i < n; i++) {
-        PyObject *wd = PyLong_FromLong(wds[i]);
-
-        if (!wd) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyList_SET_ITEM(out, (Py_ssize_t)i, wd);
-    }
+    out = int_list(wds, n);
 done:
     PyMem_Free(paths);
     PyMem_Free(wds);
@@ -854,7 +863,7 @@ static PyObject *core_watch_changed(PyObject *self, PyObject *args)
     PyObject *seq, *keep, *out = NULL;
     char **skip;
     int wds[256];
-    size_t i, n = 0, n_wds = 0;
+    size_t n = 0, n_wds = 0;
     int fd, r;
 
     (void)self;
@@ -873,16 +882,7 @@ static PyObject *core_watch_changed(PyObject *self, PyObject *args)
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
-    out = PyList_New((Py_ssize_t)n_wds);
-    for (i = 0; out && i < n_wds; i++) {
-        PyObject *wd = PyLong_FromLong(wds[i]);
-
-        if (!wd) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyList_SET_ITEM(out, (Py_ssize_t)i, wd);
-    }
+    out = int_list(wds, n_wds);
 done:
     PyMem_Free(skip);
     Py_DECREF(keep);
