@@ -93,6 +93,21 @@ def why_not(site: Site, controller: str) -> str:
     return f"no cgroup can be used: {site.reason}"
 
 
+def read_quiet(path: str) -> bytes:
+    """A counter file's bytes, or b"" (gone, unreadable): compared whole
+    from one read to the next."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 def _read(path: str) -> str:
     # os-level I/O: io.open's layers cost more than the three system calls,
     # and usage() reads several of these files per sandbox.
@@ -434,6 +449,7 @@ class Cgroup:
 
     __slots__ = (
         "armed",
+        "baselines",
         "batches",
         "dirfd",
         "dirs",
@@ -455,6 +471,9 @@ class Cgroup:
         # (fd, field) the supervisor watches instead of sampling (open_events).
         self.events: list[tuple[int, str]] = []
         self.armed: set[str] = set()  # fields whose event fds were opened ahead (arm)
+        # Counter files no event covers, read ahead (arm) while the cgroup
+        # was still empty: what "nothing hit yet" reads as.
+        self.baselines: dict[str, bytes] = {}
         # The files the child joins through, opened ahead (arm): a spawn takes them.
         self.ready_procs: list[int] = []
         self.paths: dict[tuple[str, str], str | None] = {}
@@ -555,9 +574,13 @@ class Cgroup:
             except OSError:
                 pass
         try:
-            self.open_events(fields)
+            covered = self.open_events(fields)
         except OSError:
-            pass
+            covered = []
+        for field in fields:
+            path = self.counter_file(field) if field not in covered else None
+            if path is not None:
+                self.baselines[path] = read_quiet(path)
 
     def owned_fds(self) -> dict[int, str | tuple[int, int]]:
         """The fds this cgroup holds, each with what it should still be (a

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core, _namespaces, _workspace, audit
 from ._cgpool import Pool
+from ._cgroup import read_quiet
 from ._evidence import KillRecord, Samples
 from ._netpool import NetPool
 from ._pump import Pump, fd_ident
@@ -83,19 +84,6 @@ def next_sample(now: float, interval: float) -> float:
     later than asked, and many sandboxes' samples share one wake-up."""
     q = min(_GRID, interval / 4)
     return math.floor((now + interval) / q) * q
-
-
-def _read_quiet(path: str) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, 4096)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
 
 
 class _Dispatch:
@@ -411,7 +399,9 @@ class Monitor:
         reads: list[tuple[str, str]] = []
         if timers and w.cgroup is not None:
             events, reads = self._open_events(w)
-        firsts = [_read_quiet(path) for path, _f in reads]
+        # A cgroup armed ahead read them while still empty (Cgroup.arm).
+        base = w.cgroup.baselines if w.cgroup is not None else {}
+        firsts = [base.pop(path, b"") or read_quiet(path) for path, _f in reads]
         wake = False
         with self._lock:
             for fd, field in events:
@@ -935,7 +925,7 @@ class Monitor:
         a refused fork or an OOM kill (read and judged by _sample_cgroup)."""
         moved: dict[str | None, bool] = {None: True}
         for path, last in list(self._gates.items()):
-            used = _read_quiet(path)
+            used = read_quiet(path)
             moved[path] = used != last or not used
             self._gates[path] = used
         changed = []
@@ -943,7 +933,7 @@ class Monitor:
             if not moved.get(gate, True):
                 continue
             for path, (w, last, field) in group.items():
-                data = _read_quiet(path)
+                data = read_quiet(path)
                 if data != last and data:
                     changed.append((group, path, w, data, field))
         for group, path, w, data, field in changed:

@@ -644,6 +644,35 @@ def test_a_cgroup_armed_ahead_reports_an_oom_kill():
     assert not wait_gone([int(out.split()[0])])
 
 
+@needs_cgroup
+def test_a_cgroup_armed_ahead_comes_with_its_counters_read(monkeypatch):
+    # The counter files no event covers (v1's pids.events) are read by the
+    # supervisor while the cgroup it made ahead is still empty: the
+    # registration reads none on the caller's path, and a fork refused
+    # before the supervisor's first sample is still the verdict.
+    import threading
+
+    from sbxlimit import _monitor
+
+    limits = Limits(memory="256Mi", pids=8, wall_time="50s")
+    _armed_pool_for(limits)
+    read = _monitor.read_quiet
+    by_caller: list[str] = []
+
+    def watched(path: str) -> bytes:
+        if threading.current_thread() is threading.main_thread():
+            by_caller.append(path)
+        return read(path)
+
+    monkeypatch.setattr(_monitor, "read_quiet", watched)
+    code = FORKS.replace("sys.exit(3 if len(kids) < 100 else 0)", "sys.exit(0)")
+    with sbxlimit.Popen([PY, "-c", textwrap.dedent(code)], limits=limits) as p:
+        assert p._sbx.cgroup is not None and p._sbx.cgroup.ready_procs == []
+        assert by_caller == []
+        p.wait()
+    assert p.termination.reason == "pids", p.termination
+
+
 def _open_in_a_fork() -> list[str]:
     """What a child made by os.fork() has open (the at-fork handlers ran)."""
     r, w = os.pipe()
