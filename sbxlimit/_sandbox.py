@@ -25,6 +25,7 @@ supervision) and the order in which it gets and gives them back:
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import os
 import pwd
@@ -93,6 +94,13 @@ def _target_uid(user: Any) -> int:
         return pwd.getpwnam(user).pw_uid
     except (KeyError, TypeError):
         return os.geteuid()  # subprocess reports the bad user itself
+
+
+@functools.lru_cache(maxsize=64)
+def _noting(held: Held, notes: tuple[str, ...]) -> Enforcement:
+    """`held` with `notes`: the same few per workdir, spawn after spawn
+    (both immutable, so one object serves them all)."""
+    return held.noting(*notes).enforcement
 
 
 class Sandbox:
@@ -248,7 +256,7 @@ class Sandbox:
             notes.append(f"a link to a directory, so it can be replaced: {', '.join(links)}")
         held = p.held["protect_dotfiles"]
         if notes and isinstance(held, Held):
-            self.notes = {"protect_dotfiles": held.noting(*notes).enforcement}
+            self.notes = {"protect_dotfiles": _noting(held, tuple(notes))}
 
     def release_quota(self) -> None:
         admission, self.quota = self.quota, None
