@@ -893,11 +893,12 @@ PyDoc_STRVAR(fs_batch_doc,
              "fs_batch(steps, stop_at_error, /) -> list[int]\n"
              "--\n\n"
              "Run (op, path, data) steps (FS_MKDIR, FS_RMDIR, FS_WRITE,\n"
-             "FS_WRITE_OPTIONAL, FS_READ; data: bytes for a write, else None) in order\n"
-             "with the GIL released once for all of them; returns each step's errno\n"
-             "(0: done, -1: not run, after a failure with stop_at_error), or for a\n"
+             "FS_WRITE_OPTIONAL, FS_READ, FS_STAT; data: bytes for a write, else None)\n"
+             "in order with the GIL released once for all of them; returns each step's\n"
+             "errno (0: done, -1: not run, after a failure with stop_at_error), for a\n"
              "read that succeeded the bytes read (a file of FS_READ_MAX bytes or more\n"
-             "fails with EFBIG: never a truncated read).");
+             "fails with EFBIG: never a truncated read), for a stat that succeeded\n"
+             "(st_dev, st_ino), links followed.");
 
 static PyObject *core_fs_batch(PyObject *self, PyObject *args)
 {
@@ -971,9 +972,16 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
     if (!out)
         goto done;
     for (i = 0; i < n; i++) {
-        PyObject *err = steps[i].op == SBX_FS_READ && steps[i].err == 0
-                            ? PyBytes_FromStringAndSize(steps[i].buf, (Py_ssize_t)steps[i].len)
-                            : PyLong_FromLong(steps[i].err);
+        PyObject *err;
+
+        if (steps[i].err != 0)
+            err = PyLong_FromLong(steps[i].err);
+        else if (steps[i].op == SBX_FS_READ)
+            err = PyBytes_FromStringAndSize(steps[i].buf, (Py_ssize_t)steps[i].len);
+        else if (steps[i].op == SBX_FS_STAT)
+            err = Py_BuildValue("(KK)", steps[i].dev, steps[i].ino);
+        else
+            err = PyLong_FromLong(0);
         if (!err) {
             Py_CLEAR(out);
             goto done;
@@ -1385,6 +1393,7 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "FS_WRITE", SBX_FS_WRITE) < 0 ||
         PyModule_AddIntConstant(m, "FS_WRITE_OPTIONAL", SBX_FS_WRITE_OPTIONAL) < 0 ||
         PyModule_AddIntConstant(m, "FS_READ", SBX_FS_READ) < 0 ||
+        PyModule_AddIntConstant(m, "FS_STAT", SBX_FS_STAT) < 0 ||
         PyModule_AddIntConstant(m, "FS_READ_MAX", SBX_FS_READ_MAX) < 0)
         return -1;
 #if defined(__linux__) && !defined(SBX_NO_VFORK)

@@ -73,6 +73,15 @@ static int run_step(struct sbx_fs_step *s)
     }
     case SBX_FS_READ:
         return read_whole(s);
+    case SBX_FS_STAT: {
+        struct stat st;
+
+        if (stat(s->path, &st) < 0)
+            return errno;
+        s->dev = (unsigned long long)st.st_dev;
+        s->ino = (unsigned long long)st.st_ino;
+        return 0;
+    }
     default:
         return EINVAL;
     }

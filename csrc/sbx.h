@@ -355,16 +355,18 @@ enum sbx_fs_op {
     SBX_FS_RMDIR,          /* rmdir(path) */
     SBX_FS_WRITE,          /* open(path, O_WRONLY), write data whole, close */
     SBX_FS_WRITE_OPTIONAL, /* the same; ENOENT counts as done */
-    SBX_FS_READ            /* read the whole file into buf (less than cap bytes) */
+    SBX_FS_READ,           /* read the whole file into buf (less than cap bytes) */
+    SBX_FS_STAT            /* stat(path), links followed: dev and ino */
 };
 struct sbx_fs_step {
     int op; /* SBX_FS_* */
     const char *path;
-    const char *data; /* SBX_FS_WRITE*: what to write */
-    size_t len;       /* SBX_FS_READ: out, the bytes read */
-    char *buf;        /* SBX_FS_READ: where (a file that fills it is EFBIG: */
-    size_t cap;       /* never a truncated read taken for the whole) */
-    int err;          /* out: 0, or the errno it failed with (-1: not run) */
+    const char *data;            /* SBX_FS_WRITE*: what to write */
+    size_t len;                  /* SBX_FS_READ: out, the bytes read */
+    char *buf;                   /* SBX_FS_READ: where (a file that fills it is EFBIG: */
+    size_t cap;                  /* never a truncated read taken for the whole) */
+    unsigned long long dev, ino; /* SBX_FS_STAT: out */
+    int err;                     /* out: 0, or the errno it failed with (-1: not run) */
 };
 
 /* The buffer the binding gives each SBX_FS_READ: the cgroup files read

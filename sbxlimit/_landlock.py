@@ -159,21 +159,22 @@ def rules(
 # kept per distinct set of rules and reused while every rule's path is
 # still the file it was when the ruleset was made.  Each spawn gets a dup
 # of it, so a ruleset dropped meanwhile never closes a spawn's fd.
+STAT = getattr(_core, "FS_STAT", 0)  # the POSIX core's (Landlock is Linux's)
 Net = tuple[int, int, Sequence[int], int]
 _Key = tuple[int, tuple[tuple[str, int], ...], tuple[int, int, tuple[int, ...], int]]
-_Ident = tuple[int, int] | None
-_rulesets: dict[_Key, tuple[int, tuple[_Ident, ...]]] = {}
+# A rule's path now: (st_dev, st_ino), links followed as the core's
+# open(O_PATH) follows them, or the errno its stat failed with.
+_Ident = tuple[int, int] | int | bytes
+_Stats = list[tuple[int, bytes, None]]
+_rulesets: dict[_Key, tuple[int, tuple[_Ident, ...], _Stats]] = {}
 _rulesets_lock = threading.Lock()
 _KEEP = 16
 
 
-def _ident(path: str) -> _Ident:
-    # What the core's open(O_PATH) reaches: links followed.
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None  # the core skips it (or fails, and nothing is kept)
-    return (st.st_dev, st.st_ino)
+def _idents(stats: _Stats) -> tuple[_Ident, ...]:
+    # One core call: a stat each releasing the GIL would hand it to the
+    # supervisor's threads a dozen times per spawn, and wait to get it back.
+    return tuple(_core.fs_batch(stats, False))
 
 
 def ruleset(handled: int, file_rules: list[tuple[str, int]], net: Net, *, reuse: bool) -> int:
@@ -184,9 +185,12 @@ def ruleset(handled: int, file_rules: list[tuple[str, int]], net: Net, *, reuse:
     if not reuse:
         return _core.landlock_ruleset(handled, file_rules, h_net, a_net, ports, scoped)[0]
     key: _Key = (handled, tuple(file_rules), (h_net, a_net, tuple(ports), scoped))
+    with _rulesets_lock:
+        hit = _rulesets.get(key)
+    stats = hit[2] if hit is not None else [(STAT, os.fsencode(p), None) for p, _a in file_rules]
     # Before the ruleset is made: a path replaced meanwhile then differs
     # from what is kept, and the next spawn makes a new ruleset.
-    idents = tuple(_ident(path) for path, _access in file_rules)
+    idents = _idents(stats)
     with _rulesets_lock:
         hit = _rulesets.get(key)
         if hit is not None and hit[1] == idents:
@@ -200,9 +204,9 @@ def ruleset(handled: int, file_rules: list[tuple[str, int]], net: Net, *, reuse:
         old = _rulesets.pop(key, None)
         gone = [old[0]] if old is not None else []
         if len(_rulesets) >= _KEEP:
-            gone += [k_fd for k_fd, _i in _rulesets.values()]
+            gone += [k_fd for k_fd, _i, _s in _rulesets.values()]
             _rulesets.clear()
-        _rulesets[key] = (kept, idents)
+        _rulesets[key] = (kept, idents, stats)
     for k_fd in gone:
         os.close(k_fd)
     return fd
@@ -211,7 +215,7 @@ def ruleset(handled: int, file_rules: list[tuple[str, int]], net: Net, *, reuse:
 def drop_rulesets() -> None:
     """Close the rulesets kept (Monitor.drain: nothing kept is left)."""
     with _rulesets_lock:
-        gone = [k_fd for k_fd, _i in _rulesets.values()]
+        gone = [k_fd for k_fd, _i, _s in _rulesets.values()]
         _rulesets.clear()
     for k_fd in gone:
         os.close(k_fd)
@@ -221,7 +225,7 @@ def _forget_after_fork() -> None:
     # The child's copies: closed, as its own spawns start afresh.
     global _rulesets_lock
     _rulesets_lock = threading.Lock()
-    for k_fd, _i in _rulesets.values():
+    for k_fd, _i, _s in _rulesets.values():
         try:
             os.close(k_fd)
         except OSError:

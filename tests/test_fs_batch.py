@@ -54,6 +54,21 @@ def test_writes_are_whole_and_reads_return_bytes(tmp_path):
     ]
 
 
+def test_stat_gives_what_the_path_names_now_links_followed(tmp_path):
+    # What the reuse of a Landlock ruleset compares (_landlock.ruleset).
+    f, link, gone = tmp_path / "f", tmp_path / "link", tmp_path / "gone"
+    f.write_bytes(b"")
+    link.symlink_to(f)
+    st = os.stat(f)
+    out = _core.fs_batch([(_core.FS_STAT, f, None), (_core.FS_STAT, link, None)], False)
+    assert out == [(st.st_dev, st.st_ino)] * 2
+    assert _core.fs_batch([(_core.FS_STAT, gone, None)], False) == [errno.ENOENT]
+    f.unlink()
+    f.write_bytes(b"")  # a new file under the old name
+    (again,) = _core.fs_batch([(_core.FS_STAT, link, None)], False)
+    assert again == (os.stat(f).st_dev, os.stat(f).st_ino)
+
+
 def test_a_file_larger_than_the_buffer_is_never_read_in_part(tmp_path):
     # A truncated read taken for the whole file would be a wrong figure.
     f = tmp_path / "big"

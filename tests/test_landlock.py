@@ -181,6 +181,6 @@ def test_a_fork_closes_the_rulesets_kept(tmp_path):
     from sbxlimit import _landlock
 
     assert sh(f"a touch {tmp_path}/a", workdir=str(tmp_path)) == {"a": 0}
-    kept = [fd for fd, _idents in _landlock._rulesets.values()]
+    kept = [fd for fd, _idents, _stats in _landlock._rulesets.values()]
     assert kept
     assert kept_in_a_fork(kept) == {}
