@@ -581,6 +581,11 @@ class Cgroup:
             path = self.counter_file(field) if field not in covered else None
             if path is not None:
                 self.baselines[path] = read_quiet(path)
+        # The final figures' files, read once here: their first lookup in a
+        # new cgroup makes the kernel's inodes for them, which would be
+        # the caller's cost at the exit (about 20 µs of a 60 µs read).
+        if _HAS_FS_BATCH:
+            self._read_all(True, True, procs=self.final_procs())
 
     def owned_fds(self) -> dict[int, str | tuple[int, int]]:
         """The fds this cgroup holds, each with what it should still be (a
@@ -659,15 +664,20 @@ class Cgroup:
         path = self._procs_path()
         return [] if path is None else [int(x) for x in _read(path).split()]
 
+    def final_procs(self) -> str | None:
+        """The process list final_if_empty reads with the figures (v1
+        only: v2's kill() is one write, and stats() another call)."""
+        if self.site.version != 1 or not _HAS_FS_BATCH:
+            return None
+        return self._procs_path()
+
     def final_if_empty(self) -> CgroupStats | None:
         """At the leader's exit: the final figures, if nothing is left
         inside (the common case), read with the process list in one core
         call; else None (kill() what is left, then read them).  cgroup v1:
         v2's kill() is one write, and stats() another call."""
-        if self.removed or self.site.version != 1 or not _HAS_FS_BATCH:
-            return None
-        path = self._procs_path()
-        if path is None:
+        path = self.final_procs()
+        if self.removed or path is None:
             return None
         get = self._read_all(True, True, procs=path)
         if get("", "cgroup.procs").strip():

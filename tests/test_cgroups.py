@@ -649,7 +649,9 @@ def test_a_cgroup_armed_ahead_comes_with_its_counters_read(monkeypatch):
     # The counter files no event covers (v1's pids.events) are read by the
     # supervisor while the cgroup it made ahead is still empty: the
     # registration reads none on the caller's path, and a fork refused
-    # before the supervisor's first sample is still the verdict.
+    # before the supervisor's first sample is still the verdict.  The files
+    # of the final figures were read there too (the kernel's first lookup
+    # of each is the costly one).
     import threading
 
     from sbxlimit import _monitor
@@ -667,8 +669,11 @@ def test_a_cgroup_armed_ahead_comes_with_its_counters_read(monkeypatch):
     monkeypatch.setattr(_monitor, "read_quiet", watched)
     code = FORKS.replace("sys.exit(3 if len(kids) < 100 else 0)", "sys.exit(0)")
     with sbxlimit.Popen([PY, "-c", textwrap.dedent(code)], limits=limits) as p:
-        assert p._sbx.cgroup is not None and p._sbx.cgroup.ready_procs == []
+        cg = p._sbx.cgroup
+        assert cg is not None and cg.ready_procs == []
         assert by_caller == []
+        # The final figures' files were read once, by the supervisor.
+        assert (True, True, cg.final_procs()) in cg.batches
         p.wait()
     assert p.termination.reason == "pids", p.termination
 
