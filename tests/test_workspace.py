@@ -21,6 +21,42 @@ PY = sys.executable
 POLICY = Policy(protect_dotfiles=False)
 
 
+def test_the_environment_inherited_follows_ours_between_spawns(monkeypatch):
+    # A policy sandbox's environment is ours filtered; it is reused from
+    # one spawn to the next only while os.environ stays as it was.
+    code = "import os, json; print(json.dumps(dict(os.environ)))"
+
+    def child_env() -> dict[str, str]:
+        import json
+
+        policy = Policy(protect_dotfiles=False, drop_secrets=True)
+        r = sbxlimit.run([PY, "-c", code], policy=policy, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return dict(json.loads(r.stdout))
+
+    monkeypatch.setenv("SBX_SEEN", "1")
+    monkeypatch.setenv("TMPDIR", "/nowhere")
+    monkeypatch.setenv("LD_PRELOAD", "/nowhere/evil.so")
+    first = child_env()
+    assert first["SBX_SEEN"] == "1" and "LD_PRELOAD" not in first
+    assert first["TMPDIR"] != "/nowhere" and first["TMPDIR"].endswith("/tmp")
+    monkeypatch.setenv("SBX_SEEN", "2")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hush")
+    second = child_env()
+    assert second["SBX_SEEN"] == "2" and "AWS_SECRET_ACCESS_KEY" not in second
+    assert second["TMPDIR"] not in (first["TMPDIR"], "/nowhere")  # this sandbox's own
+    monkeypatch.delenv("SBX_SEEN")
+    assert "SBX_SEEN" not in child_env()
+    # With a workdir: no workspace, so TMPDIR is ours again.
+    r = sbxlimit.run(
+        [PY, "-c", "import os; print(os.environ['TMPDIR'])"],
+        policy=Policy(workdir="/", protect_dotfiles=False),
+        capture_output=True,
+        text=True,
+    )
+    assert r.stdout.strip() == "/nowhere", r.stderr
+
+
 def test_private_workspace_is_cwd_and_tmpdir_readable_until_close():
     code = (
         "import os; print(os.getcwd()); print(os.environ['TMPDIR']); "
