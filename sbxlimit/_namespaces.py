@@ -433,24 +433,13 @@ def view(
     root holds it).  Paths are resolved here: the child follows no link.
     `fresh`: `workspace` was made for this sandbox (never seen again)."""
     protected = tuple(protected)
-    if fresh:
-        base = _view(policy, workspace, shm_size, protected)
+    if fresh and workspace is not None:
+        base = _fresh_view(policy, workspace, shm_size, protected)
     else:
         # The same workdir comes back at every spawn: what depends only on
         # the policy and the protected paths' resolution is reused for as
         # long as that resolution (_read_only_cached).
-        key = (policy, workspace, shm_size, protected)
-        now = time.monotonic()
-        with _resolved_lock:
-            hit = _views.get(key)
-        if hit is not None and now - hit[0] < TTL:
-            base = hit[1]
-        else:
-            base = _view(policy, workspace, shm_size, protected)
-            with _resolved_lock:
-                if len(_views) > 16:
-                    _views.clear()
-                _views[key] = (now, base)
+        base = _kept_view(policy, workspace, shm_size, protected)
     out, ro_root, own_dev, rw, held = base
     if not policy.deny_write and not policy.deny_read:
         return out, ro_root, own_dev
@@ -471,6 +460,67 @@ def view(
 
 
 _Base = tuple[View, bool, bool, list[str], "ReadOnly"]
+_FRESH = "\0a workspace"  # _views' key for what every fresh workspace shares
+
+
+def _kept_view(
+    policy: Policy, workspace: str | None, shm_size: int | None, protected: tuple[str, ...]
+) -> _Base:
+    key = (policy, workspace, shm_size, protected)
+    now = time.monotonic()
+    with _resolved_lock:
+        hit = _views.get(key)
+    if hit is not None and now - hit[0] < TTL:
+        return hit[1]
+    base = _view(policy, None if workspace == _FRESH else workspace, shm_size, protected)
+    with _resolved_lock:
+        if len(_views) > 16:
+            _views.clear()
+        _views[key] = (now, base)
+    return base
+
+
+def _fresh_view(
+    policy: Policy, workspace: str, shm_size: int | None, protected: tuple[str, ...]
+) -> _Base:
+    """_view for a workspace made for this sandbox: what does not depend on
+    it is the same for every one, and reused as a workdir's is.  Being new
+    and empty, no protected path lies in it; being a directory of ours,
+    only its parent needs resolving."""
+    parent, name = os.path.split(workspace)
+    real = os.path.join(_real_dir(parent), name)
+    if within("/dev", real):  # a TMPDIR in /dev: /dev is then not the sandbox's own
+        return _view(policy, workspace, shm_size, protected)
+    out, ro_root, own_dev, rw, held = _kept_view(policy, _FRESH, shm_size, protected)
+    # _view's first entries are its writable roots', in this order.
+    kept = sum(1 for r in rw if r != "/")
+    roots = sorted([*rw, real], key=_depth_first)
+    first: View = [(_rw_kind(r), os.fsencode(r), b"") for r in roots if r != "/"]
+    return first + out[kept:], ro_root, own_dev, roots, held
+
+
+def _depth_first(root: str) -> tuple[int, str]:
+    return (root.count("/"), root)
+
+
+def _rw_kind(root: str) -> int:
+    return _core.VIEW_RW_DEV if within("/dev", root) else _core.VIEW_RW
+
+
+# The directory workspaces are made in, resolved (as _read_only_cached).
+_real_dirs: dict[str, tuple[float, str]] = {}
+
+
+def _real_dir(path: str) -> str:
+    now = time.monotonic()
+    hit = _real_dirs.get(path)
+    if hit is not None and now - hit[0] < TTL:
+        return hit[1]
+    real = os.path.realpath(path)
+    if len(_real_dirs) > 16:
+        _real_dirs.clear()
+    _real_dirs[path] = (now, real)
+    return real
 
 
 def _view(
@@ -481,14 +531,10 @@ def _view(
     real = os.path.realpath
     roots = [workspace] if workspace else []
     roots += policy.writable_roots
-    rw = sorted({real(r) for r in roots}, key=lambda r: (r.count("/"), r))
+    rw = sorted({real(r) for r in roots}, key=_depth_first)
     ro_root = "/" not in rw
     own_dev = not any(within("/dev", r) for r in rw)
-    out: View = []
-    for r in rw:
-        if r != "/":
-            kind = _core.VIEW_RW_DEV if within("/dev", r) else _core.VIEW_RW
-            out.append((kind, os.fsencode(r), b""))
+    out: View = [(_rw_kind(r), os.fsencode(r), b"") for r in rw if r != "/"]
     if own_dev or os.path.isdir("/dev/shm"):
         # A private one: the host's is read-only in the view, and shared
         # memory of other processes is none of the sandbox's business.

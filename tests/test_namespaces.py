@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 import sbxlimit
-from sbxlimit import Limits, Policy, _namespaces
+from sbxlimit import Limits, Policy, _core, _namespaces
 from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._seccomp import seccomp_works
 
@@ -734,3 +734,34 @@ def test_with_a_workspace_the_namespace_goes_right_before_the_workspace():
     except OSError:
         now = None
     assert now != held
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"writable_roots": ["/var/tmp"]},
+        {"writable_roots": ["/tmp", "/var/tmp"], "deny_write": ["/var/tmp"]},
+        {"writable_roots": ["/dev/shm"]},
+        {"writable_roots": ["/"]},
+        {"writable_roots": ["/tmp"], "deep": True},  # a root below the workspaces' depth
+    ],
+)
+def test_a_fresh_workspace_s_view_is_the_one_built_from_scratch(tmp_path, extra):
+    # What every fresh workspace shares is reused (_fresh_view); the view
+    # must still be, entry for entry and in order, the one _view builds.
+    extra = dict(extra)
+    if extra.pop("deep", False):
+        (tmp_path / "a/b/c").mkdir(parents=True)
+        extra["writable_roots"] = [*extra["writable_roots"], str(tmp_path / "a/b/c")]
+    policy = Policy(**extra)
+    protected = ("/root/.bashrc", str(tmp_path / "repo/.git/config"))
+    for n in range(3):  # the first builds what is kept, the rest reuse it
+        ws = tmp_path / f"ws{n}"
+        ws.mkdir()
+        got = _namespaces.view(policy, str(ws), 1 << 20, protected, fresh=True)
+        _out, ro_root, own_dev, _rw, _held = _namespaces._view(policy, str(ws), 1 << 20, protected)
+        # view() without fresh builds the whole view for this path.
+        assert got == _namespaces.view(policy, str(ws), 1 << 20, protected)
+        assert got[1:] == (ro_root, own_dev)
+        assert (_core.VIEW_RW, os.fsencode(os.path.realpath(ws)), b"") in got[0]
