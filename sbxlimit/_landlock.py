@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 
-from . import _core
+from . import _core, _workspace
 from ._plan import Plan, Request
 from ._platform import CLONE_NEWNET, CLONE_NEWPID
 from ._policy import Policy
@@ -91,11 +91,14 @@ def _as_is(path: str) -> str:
     return os.path.join(_real(os.path.dirname(path)), os.path.basename(path))
 
 
-def subtract(roots: Iterable[str], denied: Iterable[str]) -> list[str]:
-    """The paths that cover `roots` except everything beneath `denied`:
-    a root above a denied path is replaced by its children other than the
-    one leading there, level by level."""
-    out = {_real(r) for r in roots}
+def subtract(
+    roots: Iterable[str], denied: Iterable[str], resolved: Iterable[str] = ()
+) -> list[str]:
+    """The paths that cover `roots` and `resolved` (roots resolved already)
+    except everything beneath `denied`: a root above a denied path is
+    replaced by its children other than the one leading there, level by
+    level."""
+    out = {_real(r) for r in roots} | set(resolved)
     # A denied path that does not exist has nothing to carve out: cutting
     # its parent into existing siblings would take away the right to create
     # anything new there (the limit of allow-only rules: docs/SECURITY.md).
@@ -132,16 +135,19 @@ def rules(
     protected: Iterable[str] = (),
     *,
     view: bool = False,
+    fresh: bool = False,
 ) -> tuple[int, list[tuple[str, int]]]:
     """(handled rights, [(path, rights)]) for `policy`; `protected`: the
     paths protect_dotfiles names (``_protected.protected``).  With `view`
     the read-only view holds deny_write, deny_read and the protected paths
     inside the writable roots (bind mounts), and the roots are granted
     whole: carving would take from each directory on the way the right to
-    get new entries (a new file in HOME, git's .git/index.lock)."""
+    get new entries (a new file in HOME, git's .git/index.lock).
+    `fresh`: `workspace` was made for this sandbox (_workspace.real_path)."""
     handled = handled_rights(abi)
-    writable = [workspace] if workspace else []
+    writable = [workspace] if workspace and not fresh else []
     writable += list(policy.writable_roots)
+    made = [_workspace.real_path(workspace)] if workspace and fresh else []
     denied_writes = []
     if not view:
         named = [*policy.deny_write, *policy.deny_read, *protected]
@@ -149,7 +155,7 @@ def rules(
         # replace it with a file of its own).
         denied_writes = [_real(x) for x in named] + [x for x in named if os.path.islink(x)]
     out = [(p, READ) for p in subtract(["/"], [_real(x) for x in policy.deny_read])]
-    out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes)]
+    out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes, made)]
     out += [(d, DEVICE) for d in DEVICES]
     return handled, out
 

@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Iterable
 
-from . import _core, _landlock, _platform, _seccomp, _watchdog
+from . import _core, _landlock, _platform, _seccomp, _watchdog, _workspace
 from ._cgroup import fd_budget
 from ._errors import ConfigError
 from ._landlock import writable_rights
@@ -487,8 +487,7 @@ def _fresh_view(
     it is the same for every one, and reused as a workdir's is.  Being new
     and empty, no protected path lies in it; being a directory of ours,
     only its parent needs resolving."""
-    parent, name = os.path.split(workspace)
-    real = os.path.join(_real_dir(parent), name)
+    real = _workspace.real_path(workspace)
     if within("/dev", real):  # a TMPDIR in /dev: /dev is then not the sandbox's own
         return _view(policy, workspace, shm_size, protected)
     out, ro_root, own_dev, rw, held = _kept_view(policy, _FRESH, shm_size, protected)
@@ -505,22 +504,6 @@ def _depth_first(root: str) -> tuple[int, str]:
 
 def _rw_kind(root: str) -> int:
     return _core.VIEW_RW_DEV if within("/dev", root) else _core.VIEW_RW
-
-
-# The directory workspaces are made in, resolved (as _read_only_cached).
-_real_dirs: dict[str, tuple[float, str]] = {}
-
-
-def _real_dir(path: str) -> str:
-    now = time.monotonic()
-    hit = _real_dirs.get(path)
-    if hit is not None and now - hit[0] < TTL:
-        return hit[1]
-    real = os.path.realpath(path)
-    if len(_real_dirs) > 16:
-        _real_dirs.clear()
-    _real_dirs[path] = (now, real)
-    return real
 
 
 def _view(

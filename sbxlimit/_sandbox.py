@@ -458,7 +458,12 @@ class Sandbox:
                 assert self.policy is not None
                 where = self.workspace or self.policy.workdir
                 handled, ll_rules = _landlock.rules(
-                    self.policy, where, p.landlock, self.protected, view=p.ro_view
+                    self.policy,
+                    where,
+                    p.landlock,
+                    self.protected,
+                    view=p.ro_view,
+                    fresh=self.workspace is not None,
                 )
                 try:
                     landlock_fd = _landlock.ruleset(

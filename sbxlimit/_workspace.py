@@ -21,6 +21,7 @@ import threading
 import time
 
 from ._plan import Plan, Request
+from ._protected import TTL
 
 __all__ = [
     "Pool",
@@ -55,6 +56,25 @@ def plan_workdir(p: Plan, r: Request) -> None:
     if r.policy is None or r.policy.workdir is None:
         return
     p.hold("workspace", "supervisor:workdir", "used as given, not removed")
+
+
+# The directories workspaces are made in, resolved (as the protected
+# paths' resolution, for _protected.TTL): a workspace's own name needs none.
+_real_dirs: dict[str, tuple[float, str]] = {}
+
+
+def real_path(workspace: str) -> str:
+    """A workspace made for a sandbox, resolved: a directory of ours, new,
+    so only the directory it was made in may be reached through a link."""
+    parent, name = os.path.split(workspace)
+    now = time.monotonic()
+    hit = _real_dirs.get(parent)
+    if hit is None or now - hit[0] >= TTL:
+        hit = (now, os.path.realpath(parent))
+        if len(_real_dirs) > 16:
+            _real_dirs.clear()
+        _real_dirs[parent] = hit
+    return os.path.join(hit[1], name)
 
 
 def create(sandbox_id: str, *, keep: bool = False, dir: str | None = None) -> str:

@@ -184,3 +184,31 @@ def test_a_fork_closes_the_rulesets_kept(tmp_path):
     kept = [fd for fd, _idents, _stats in _landlock._rulesets.values()]
     assert kept
     assert kept_in_a_fork(kept) == {}
+
+
+@pytest.mark.parametrize("view", [False, True])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"writable_roots": ["/var/tmp"], "deny_read": ["/var/tmp/x"]},
+        {"deny_write": ["WS_PARENT"]},  # the workspace wholly denied: no rule for it
+        {"deny_write": ["WS_PARENT/other"], "writable_roots": ["WS_PARENT"]},
+    ],
+)
+def test_a_fresh_workspace_s_rules_are_those_of_its_path(tmp_path, extra, view):
+    # A workspace made for the sandbox is resolved through its parent only
+    # (_workspace.real_path); the rules must be those its path gives.
+    from sbxlimit import _landlock
+
+    home = tmp_path / "link"
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real/other").mkdir()
+    home.symlink_to(tmp_path / "real")  # workspaces made through a link
+    ws = home / "sbxlimit-1-x"
+    ws.mkdir()
+    fixed = {k: [str(v).replace("WS_PARENT", str(home)) for v in vs] for k, vs in extra.items()}
+    policy = Policy(**fixed)
+    abi = _core.landlock_abi()
+    made = _landlock.rules(policy, str(ws), abi, view=view, fresh=True)
+    assert made == _landlock.rules(policy, str(ws), abi, view=view)
