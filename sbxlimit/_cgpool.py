@@ -20,6 +20,7 @@ cgroups stay the parent's.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +53,10 @@ class Pool:
         # of the pool is made after drain() returns.
         self._busy = threading.Lock()
         self._making: Cgroup | None = None
+        # The directories of the one being made, from before its mkdir: a
+        # file of theirs open for a moment (a limit written, a counter
+        # read) when a fork happens is the child's to close (dirs()).
+        self._making_dirs: tuple[str, ...] = ()
 
     def take(self, site: Site, settings: Settings, name: Callable[[], str]) -> Cgroup | None:
         """A ready cgroup of this kind, or None; either way the kind is kept
@@ -116,8 +121,11 @@ class Pool:
         if todo is None or name is None:
             return
         site, settings = todo
+        cg_name = f"sbx-{name()}"
+        with self._lock:
+            self._making_dirs = tuple(os.path.join(p, cg_name) for _c, p in site.parents)
         try:
-            cg = Cgroup.create(site, f"sbx-{name()}", settings)
+            cg = Cgroup.create(site, cg_name, settings)
             with self._lock:
                 self._making = cg  # its fds are a fork's to close from now on
             # Ready to join and to watch: the spawn and the registration
@@ -132,11 +140,22 @@ class Pool:
         finally:
             with self._lock:
                 self._making = None
+                self._making_dirs = ()
         with self._lock:
             if not self._closed and todo in self._used:
                 self._ready.setdefault(todo, []).append(cg)
                 return
         _remove(cg)
+
+    def dirs(self) -> set[str]:
+        """The directories of its cgroups, ready or being made.  For a
+        forked child: read without the lock (the parent's thread may have
+        held it at the fork; the child has no other thread)."""
+        out = set(self._making_dirs)
+        for cgs in list(self._ready.values()):
+            for cg in cgs:
+                out.update(cg.dirs.values())
+        return out
 
     def owned(self) -> dict[int, str | tuple[int, int]]:
         """The fds its ready cgroups hold (for a forked child to close)."""

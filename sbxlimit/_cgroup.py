@@ -436,6 +436,30 @@ def _kv(text: str) -> dict[str, int]:
     return out
 
 
+# A forked child closes the fds of ours it inherits: those recorded (by
+# identity) and any file in a cgroup directory of ours (Monitor
+# .close_in_child).  An eventfd is neither until it is recorded: a fork
+# waits for that moment to pass.
+_recording = threading.Lock()
+
+
+def _fork_waits() -> None:
+    _recording.acquire()
+
+
+def _fork_done() -> None:
+    _recording.release()
+
+
+def _fork_child() -> None:
+    global _recording
+    _recording = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_fork_waits, after_in_parent=_fork_done, after_in_child=_fork_child)
+
+
 # Settings a kernel may lack (no swap accounting, older kernels): skipped.
 _HAS_FS_BATCH = hasattr(_core, "fs_batch")  # the POSIX core's
 
@@ -928,8 +952,9 @@ class Cgroup:
     def _v1_memory_event(self, fname: str, arg: str) -> None:
         efd = next((fd for fd, f in self.events if f == "memory"), -1)
         if efd < 0:
-            efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._keep_event(efd, "memory")
+            with _recording:  # a fork waits until it is recorded
+                efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+                self._keep_event(efd, "memory")
         watched = os.open(self._path("memory", fname) or "", _RDONLY)
         try:
             control = self._path("memory", "cgroup.event_control") or ""

@@ -1052,6 +1052,14 @@ class Monitor:
             owned.update(cg.owned_fds())
         for fd, (_w, field) in list(self._by_event.items()):
             owned[fd] = "eventfd" if field == "eventfd" else self._event_idents.get(fd)
+        # What the thread had open for a moment at the fork (a limit
+        # written, a counter read, in a core call): any file in a cgroup
+        # directory of ours.
+        dirs = self._pool.dirs()
+        for cg in [*self._retiring, *(w.cgroup for w in list(self._watches) if w.cgroup)]:
+            dirs.update(cg.dirs.values())
+        if dirs:
+            _close_files_in(dirs, keep=set(owned))
         for fd, ident in owned.items():
             try:
                 if ident in ("pidfd", "eventfd"):
@@ -1066,6 +1074,24 @@ class Monitor:
                     os.close(fd)
             except OSError:
                 pass
+
+
+def _close_files_in(dirs: set[str], keep: set[int]) -> None:
+    """Close the fds on files directly in `dirs` (a forked child's), but
+    those in `keep` (closed only if they still are what they were)."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        fd = int(name)
+        if fd in keep:
+            continue
+        try:
+            if os.path.dirname(os.readlink(f"/proc/self/fd/{fd}")) in dirs:
+                os.close(fd)
+        except OSError:
+            pass
 
 
 _monitor: Monitor | None = None

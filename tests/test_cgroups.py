@@ -730,6 +730,40 @@ def test_a_fork_while_a_cgroup_is_made_ahead_closes_its_files_too(monkeypatch):
 
 
 @needs_cgroup
+def test_a_fork_while_the_supervisor_reads_a_cgroup_file_closes_it(monkeypatch):
+    # Forked while the supervisor has a file of a cgroup it makes ahead
+    # open for a moment (a read in a core call, its fd known to nobody):
+    # the child closes it all the same.
+    import threading
+
+    from sbxlimit._cgroup import Cgroup
+
+    reading, forked = threading.Event(), threading.Event()
+    real = Cgroup._read_all
+    seen: list[str] = []
+
+    def held(self, *args, **kw):
+        if threading.current_thread().name == "sbxlimit-monitor" and not seen:
+            path = os.path.join(next(iter(self.dirs.values())), "cgroup.procs")
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            seen.append(path)
+            reading.set()
+            forked.wait(10)
+            os.close(fd)
+        return real(self, *args, **kw)
+
+    get_monitor().drain(5)  # before: an earlier test's kind is no longer made
+    monkeypatch.setattr(Cgroup, "_read_all", held)
+    try:
+        sbxlimit.run(["true"], limits=Limits(pids=23))  # this kind is made ahead from now on
+        assert reading.wait(10), "no cgroup was made ahead"
+        names = _open_in_a_fork()
+    finally:
+        forked.set()
+    assert seen[0] not in names
+
+
+@needs_cgroup
 def test_a_fork_closes_the_cgroups_made_ahead():
     # A forked child (a ForkedSandbox's body, the pytest marker's test) has
     # a supervisor of its own: the parent's ready cgroups' files are closed.
@@ -737,3 +771,34 @@ def test_a_fork_closes_the_cgroups_made_ahead():
     names = _open_in_a_fork()
     leaked = [n for n in names if n.startswith("/sys/fs/cgroup/") or "eventfd" in n]
     assert leaked == []
+
+
+@needs_cgroup
+@pytest.mark.skipif(SITE.version != 1, reason="cgroup v1's OOM eventfd (v2 polls memory.events)")
+def test_a_fork_waits_for_the_oom_eventfd_to_be_recorded(monkeypatch):
+    # An eventfd is no file of a cgroup directory: a fork between its
+    # creation and its record would leave the child a copy nobody closes.
+    # The fork waits for that moment to pass (here made to last 0.5 s).
+    import threading
+
+    from sbxlimit import _cgroup
+
+    made, forked = threading.Event(), threading.Event()
+    real = os.eventfd
+
+    def slow(*args):
+        fd = real(*args)
+        if threading.current_thread().name == "sbxlimit-monitor" and not made.is_set():
+            made.set()
+            forked.wait(0.5)  # past it, the record goes on: the fork waited
+        return fd
+
+    get_monitor().drain(5)  # before: an earlier test's kind is no longer made
+    monkeypatch.setattr(_cgroup.os, "eventfd", slow)
+    try:
+        sbxlimit.run(["true"], limits=Limits(memory="96Mi"))  # made ahead from now on
+        assert made.wait(10), "no cgroup was made ahead"
+        names = _open_in_a_fork()
+    finally:
+        forked.set()
+    assert "anon_inode:[eventfd]" not in names
