@@ -158,11 +158,12 @@ class Pool:
         return out
 
     def owned(self) -> dict[int, str | tuple[int, int]]:
-        """The fds its ready cgroups hold (for a forked child to close)."""
-        with self._lock:
-            ready = [cg for cgs in self._ready.values() for cg in cgs]
-            if self._making is not None:  # the one being armed
-                ready.append(self._making)
+        """The fds its ready cgroups hold, for a forked child to close:
+        read without the lock, as dirs()."""
+        ready = [cg for cgs in list(self._ready.values()) for cg in cgs]
+        making = self._making
+        if making is not None:  # the one being armed
+            ready.append(making)
         out: dict[int, str | tuple[int, int]] = {}
         for cg in ready:
             out.update(cg.owned_fds())

@@ -802,3 +802,42 @@ def test_a_fork_waits_for_the_oom_eventfd_to_be_recorded(monkeypatch):
     finally:
         forked.set()
     assert "anon_inode:[eventfd]" not in names
+
+
+@needs_cgroup
+def test_a_fork_while_the_supervisor_holds_the_pool_s_lock_does_not_hang(monkeypatch):
+    # The child closes what the pool holds without taking its lock: the
+    # parent's thread may have held it at the fork, and it is not there.
+    import select
+    import signal
+    import threading
+
+    from sbxlimit import _cgpool
+
+    inside, forked = threading.Event(), threading.Event()
+    real = _cgpool.Pool._recent
+
+    def held(self):
+        if threading.current_thread().name == "sbxlimit-monitor" and not inside.is_set():
+            inside.set()
+            forked.wait(10)
+        return real(self)
+
+    sbxlimit.run(["true"], limits=Limits(pids=27))  # the supervisor now keeps this kind
+    monkeypatch.setattr(_cgpool.Pool, "_recent", held)
+    try:
+        get_monitor()._wake()
+        assert inside.wait(10), "the supervisor never looked at its pool"
+        assert get_monitor()._pool._lock.locked()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)  # the at-fork handlers have run
+        deadline = time.monotonic() + 5
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung in its at-fork handlers")
+            select.select([], [], [], 0.01)
+    finally:
+        forked.set()
