@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -701,31 +702,41 @@ def _open_in_a_fork() -> list[str]:
     return names
 
 
-@needs_cgroup
-def test_a_fork_while_a_cgroup_is_made_ahead_closes_its_files_too(monkeypatch):
-    # Forked while the supervisor arms a cgroup (its join files open, its
-    # events not yet): the child closes what is open of it so far.
+def _forked_while_held(monkeypatch, method: str, limits: Limits, inside=None) -> list[str]:
+    """What a child made by os.fork() has open when the supervisor, making
+    a cgroup of `limits`' kind ahead, is held in Cgroup.`method` (having
+    called `inside(cgroup)` there first: it returns what undoes it)."""
     import threading
 
     from sbxlimit._cgroup import Cgroup
 
-    arming, forked = threading.Event(), threading.Event()
-    real = Cgroup.open_events
+    entered, forked = threading.Event(), threading.Event()
+    real = getattr(Cgroup, method)
 
     def held(self, *args, **kw):
-        if threading.current_thread().name == "sbxlimit-monitor":
-            arming.set()
+        if threading.current_thread().name == "sbxlimit-monitor" and not entered.is_set():
+            undo = inside(self) if inside is not None else None
+            entered.set()
             forked.wait(10)
+            if undo is not None:
+                undo()
         return real(self, *args, **kw)
 
-    monkeypatch.setattr(Cgroup, "open_events", held)
-    get_monitor().drain(5)
+    get_monitor().drain(5)  # before: an earlier test's kind is no longer made
+    monkeypatch.setattr(Cgroup, method, held)
     try:
-        sbxlimit.run(["true"], limits=Limits(pids=21))  # this kind is made ahead from now on
-        assert arming.wait(10), "no cgroup was made ahead"
-        names = _open_in_a_fork()
+        sbxlimit.run(["true"], limits=limits)  # this kind is made ahead from now on
+        assert entered.wait(10), "no cgroup was made ahead"
+        return _open_in_a_fork()
     finally:
         forked.set()
+
+
+@needs_cgroup
+def test_a_fork_while_a_cgroup_is_made_ahead_closes_its_files_too(monkeypatch):
+    # Forked while the supervisor arms a cgroup (its join files open, its
+    # events not yet): the child closes what is open of it so far.
+    names = _forked_while_held(monkeypatch, "open_events", Limits(pids=21))
     assert [n for n in names if n.startswith("/sys/fs/cgroup/") and "/sbx-" in n] == []
 
 
@@ -734,32 +745,15 @@ def test_a_fork_while_the_supervisor_reads_a_cgroup_file_closes_it(monkeypatch):
     # Forked while the supervisor has a file of a cgroup it makes ahead
     # open for a moment (a read in a core call, its fd known to nobody):
     # the child closes it all the same.
-    import threading
-
-    from sbxlimit._cgroup import Cgroup
-
-    reading, forked = threading.Event(), threading.Event()
-    real = Cgroup._read_all
     seen: list[str] = []
 
-    def held(self, *args, **kw):
-        if threading.current_thread().name == "sbxlimit-monitor" and not seen:
-            path = os.path.join(next(iter(self.dirs.values())), "cgroup.procs")
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            seen.append(path)
-            reading.set()
-            forked.wait(10)
-            os.close(fd)
-        return real(self, *args, **kw)
+    def open_one(cg) -> Callable[[], None]:
+        path = os.path.join(next(iter(cg.dirs.values())), "cgroup.procs")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        seen.append(path)
+        return lambda: os.close(fd)
 
-    get_monitor().drain(5)  # before: an earlier test's kind is no longer made
-    monkeypatch.setattr(Cgroup, "_read_all", held)
-    try:
-        sbxlimit.run(["true"], limits=Limits(pids=23))  # this kind is made ahead from now on
-        assert reading.wait(10), "no cgroup was made ahead"
-        names = _open_in_a_fork()
-    finally:
-        forked.set()
+    names = _forked_while_held(monkeypatch, "_read_all", Limits(pids=23), open_one)
     assert seen[0] not in names
 
 
