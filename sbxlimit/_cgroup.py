@@ -452,8 +452,14 @@ def _fork_done() -> None:
 
 
 def _fork_child() -> None:
-    global _recording
+    global _recording, _finals
     _recording = threading.Lock()
+    _finals = threading.Lock()
+
+
+# A retired cgroup's final figures are read once, by whoever comes first
+# (Cgroup.final): one lock for all, the supervisor reads one at a time.
+_finals = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -478,6 +484,7 @@ class Cgroup:
         "dirfd",
         "dirs",
         "events",
+        "figures",
         "name",
         "paths",
         "peak_memory",
@@ -501,15 +508,15 @@ class Cgroup:
         # The files the child joins through, opened ahead (arm): a spawn takes them.
         self.ready_procs: list[int] = []
         self.paths: dict[tuple[str, str], str | None] = {}
-        # stats()'s reads as one core call, per (final, evidence, process
-        # list's path or None): memoized.
+        # stats()'s reads as one core call, per (final, evidence): memoized.
         self.batches: dict[
-            tuple[bool, bool, str | None],
-            tuple[list[tuple[str, str]], list[tuple[int, str, None]]],
+            tuple[bool, bool], tuple[list[tuple[str, str]], list[tuple[int, str, None]]]
         ] = {}
         self.peak_memory = 0
         self.peak_pids = 0
         self.removed = False
+        # The final figures (final()): not read yet, read, or unreadable.
+        self.figures: CgroupStats | bool | None = False
 
     @classmethod
     def create(cls, site: Site, name: str, settings: Iterable[tuple[str, str, str]]) -> Cgroup:
@@ -605,11 +612,11 @@ class Cgroup:
             path = self.counter_file(field) if field not in covered else None
             if path is not None:
                 self.baselines[path] = read_quiet(path)
-        # The final figures' files, read once here: their first lookup in a
-        # new cgroup makes the kernel's inodes for them, which would be
-        # the caller's cost at the exit (about 20 µs of a 60 µs read).
-        if _HAS_FS_BATCH:
-            self._read_all(True, True, procs=self.final_procs())
+        # The process list the caller reads at the exit (kill()), read once
+        # here: its first lookup in a new cgroup makes the kernel's inode.
+        procs = self._procs_path()
+        if procs is not None:
+            read_quiet(procs)
 
     def owned_fds(self) -> dict[int, str | tuple[int, int]]:
         """The fds this cgroup holds, each with what it should still be (a
@@ -688,25 +695,18 @@ class Cgroup:
         path = self._procs_path()
         return [] if path is None else [int(x) for x in _read(path).split()]
 
-    def final_procs(self) -> str | None:
-        """The process list final_if_empty reads with the figures (v1
-        only: v2's kill() is one write, and stats() another call)."""
-        if self.site.version != 1 or not _HAS_FS_BATCH:
-            return None
-        return self._procs_path()
-
-    def final_if_empty(self) -> CgroupStats | None:
-        """At the leader's exit: the final figures, if nothing is left
-        inside (the common case), read with the process list in one core
-        call; else None (kill() what is left, then read them).  cgroup v1:
-        v2's kill() is one write, and stats() another call."""
-        path = self.final_procs()
-        if self.removed or path is None:
-            return None
-        get = self._read_all(True, True, procs=path)
-        if get("", "cgroup.procs").strip():
-            return None
-        return self.stats(final=True, get=get)
+    def final(self) -> CgroupStats | None:
+        """The figures at the end (the leader reaped, what it left killed),
+        read once: by the supervisor right before it removes the cgroup
+        (Monitor.retire), off the caller's path, or by a caller who asks
+        first.  None when they could not be read."""
+        with _finals:
+            if self.figures is False:
+                try:
+                    self.figures = self.stats(final=True)
+                except OSError:
+                    self.figures = None
+            return self.figures if isinstance(self.figures, CgroupStats) else None
 
     def populated(self) -> bool:
         if self.site.version == 2:
@@ -787,21 +787,15 @@ class Cgroup:
             files += [("memory", "memory.oom_control"), ("pids", "pids.events")]
         return files
 
-    def _read_all(
-        self, final: bool, evidence: bool, procs: str | None = None
-    ) -> Callable[[str, str], str]:
+    def _read_all(self, final: bool, evidence: bool) -> Callable[[str, str], str]:
         """Read what stats() needs in one core call (the GIL released once,
         not once per open, read and close); returns a reader of what was
-        read that falls back to _get for anything else.  `procs`: the
-        process list to read first, as ("", "cgroup.procs")."""
-        batch = self.batches.get((final, evidence, procs))
+        read that falls back to _get for anything else."""
+        batch = self.batches.get((final, evidence))
         if batch is None:
             keys = [k for k in self._stats_files(final, evidence) if self._path(*k) is not None]
             steps = [(_core.FS_READ, self._path(*k) or "", None) for k in keys]
-            if procs is not None:
-                keys.insert(0, ("", "cgroup.procs"))
-                steps.insert(0, (_core.FS_READ, procs, None))
-            batch = self.batches[(final, evidence, procs)] = (keys, steps)
+            batch = self.batches[(final, evidence)] = (keys, steps)
         keys, steps = batch
         got: dict[tuple[str, str], str] = {}
         for k, (_op, path, _d), r in zip(keys, steps, _core.fs_batch(steps, False), strict=True):

@@ -767,7 +767,8 @@ class Monitor:
         return self._sleep_until > time.monotonic() + _SOON
 
     def retire(self, cg: Cgroup) -> None:
-        """Remove `cg` once it is empty (a killed cgroup takes a few ms)."""
+        """Read `cg`'s final figures, then remove it once it is empty (a
+        killed cgroup takes a few ms)."""
         with self._lock:
             for fd, _f in cg.events:
                 entry = self._by_event.get(fd)
@@ -821,6 +822,7 @@ class Monitor:
 
     def _retire_tick(self, now: float) -> None:
         for cg, until in list(self._retiring.items()):
+            cg.final()  # the figures the sandbox's outcome asks for, read before they go
             if cg.remove():
                 del self._retiring[cg]
             elif now > until:

@@ -40,7 +40,7 @@ from typing import Any, NoReturn
 
 from . import _core, _landlock, _namespaces, _platform, _protected, _seatbelt, _workspace, audit
 from . import _spawn as _spawn_mod
-from ._cgroup import Cgroup, CgroupStats, Site, discover, warn_explicit_site
+from ._cgroup import Cgroup, Site, discover, warn_explicit_site
 from ._enforcement import Enforcement
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
@@ -199,7 +199,7 @@ class Sandbox:
 
     # What it left.
     rusage: Any = None
-    cgstats: CgroupStats | None = None
+    ended_cgroup: Cgroup | None = None  # released: its final figures (Cgroup.final)
     # Its mount namespace, held until the reap (_namespaces.hold_mounts).
     mnt_hold: int = -1
     disk: int | None = None  # the workspace's size when the program ended
@@ -887,15 +887,9 @@ class Sandbox:
             self.end = now
         pgid = self.tree_pgid or self.kill_group
         if self.cgroup is not None:
-            # Nothing left (the common case): the final figures come with
-            # the process list.  Else end everything it left, wherever it
-            # went; the figures are read at the reap.
-            try:
-                self.cgstats = self.cgroup.final_if_empty()
-            except OSError:
-                self.cgstats = None
-            if self.cgstats is None:
-                self.cgroup.kill()
+            # End everything it left, wherever it went (v1: one read of the
+            # process list when nothing is left, the common case).
+            self.cgroup.kill()
         elif pgid > 0:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -949,14 +943,11 @@ class Sandbox:
         self.cgroup = None
         if self.watch is not None:
             self.watch.cgroup = None
-        if self.cgstats is None:
-            try:
-                self.cgstats = cg.stats(final=True)
-            except OSError:
-                pass
-        # rmdir (a memcg's teardown above all) is the slow part: the
-        # supervisor does it, off the caller's path.  What the leader left
+        # Its final figures and its removal (a memcg's teardown above all)
+        # are the supervisor's, off the caller's path; the outcome asks
+        # for the figures when someone asks for it.  What the leader left
         # was killed at its exit (leader_exited).
+        self.ended_cgroup = cg
         get_monitor().retire(cg)
 
     def exited(self, returncode: int) -> None:
@@ -1044,11 +1035,17 @@ class Sandbox:
                 hits=frozenset(w.hits) if w is not None else frozenset(),
                 samples=w.samples() if w is not None else None,
                 killed_by_caller=self.killed_by_caller,
-                cgroup=self.cgstats,
                 disk=self.disk,
                 disk_full=self.disk_full,
             )
-            o = self._outcome = Outcome(evidence, self.limits, self.enforced, self.plan.memory_by)
+            cg = self.ended_cgroup
+            o = self._outcome = Outcome(
+                evidence,
+                self.limits,
+                self.enforced,
+                self.plan.memory_by,
+                cgroup=cg.final if cg is not None else None,
+            )
         return o
 
     def termination(self, returncode: int) -> Termination:

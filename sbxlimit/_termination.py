@@ -14,7 +14,7 @@ import dataclasses
 import os
 import re
 import signal as _signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ._enforcement import Enforcement
@@ -23,6 +23,7 @@ from ._plan import Holder
 from ._units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
+    from ._cgroup import CgroupStats
     from ._limits import Limits
 
 __all__ = [
@@ -420,7 +421,15 @@ class Outcome:
     """A reaped sandbox's evidence, turned into Usage and Termination only
     when someone asks (and then once)."""
 
-    __slots__ = ("_termination", "_usage", "enforced", "evidence", "limits", "memory_by")
+    __slots__ = (
+        "_cgroup",
+        "_termination",
+        "_usage",
+        "enforced",
+        "evidence",
+        "limits",
+        "memory_by",
+    )
 
     def __init__(
         self,
@@ -428,17 +437,28 @@ class Outcome:
         limits: Limits | None,
         enforced: dict[str, Enforcement],
         memory_by: Holder = Holder.NONE,
+        cgroup: Callable[[], CgroupStats | None] | None = None,
     ) -> None:
         self.evidence = evidence
         self.limits = limits
         self.enforced = enforced
         self.memory_by = memory_by
+        # The cgroup's final figures, fetched when first needed: the
+        # supervisor reads them off the caller's path (Cgroup.final).
+        self._cgroup = cgroup
         self._usage: Usage | None = None
         self._termination: Termination | None = None
 
+    def _facts(self) -> Evidence:
+        get = self._cgroup
+        if get is not None:
+            self.evidence = dataclasses.replace(self.evidence, cgroup=get())
+            self._cgroup = None
+        return self.evidence
+
     def usage(self) -> Usage:
         if self._usage is None:
-            e = self.evidence
+            e = self._facts()
             self._usage = usage(
                 wall=e.wall,
                 disk=e.disk,
@@ -452,7 +472,7 @@ class Outcome:
 
     def termination(self) -> Termination:
         if self._termination is None:
-            e, lim = self.evidence, self.limits
+            e, lim = self._facts(), self.limits
             self._termination = classify(
                 program=e.program,
                 returncode=e.returncode,

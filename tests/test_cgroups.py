@@ -650,9 +650,7 @@ def test_a_cgroup_armed_ahead_comes_with_its_counters_read(monkeypatch):
     # The counter files no event covers (v1's pids.events) are read by the
     # supervisor while the cgroup it made ahead is still empty: the
     # registration reads none on the caller's path, and a fork refused
-    # before the supervisor's first sample is still the verdict.  The files
-    # of the final figures were read there too (the kernel's first lookup
-    # of each is the costly one).
+    # before the supervisor's first sample is still the verdict.
     import threading
 
     from sbxlimit import _monitor
@@ -673,10 +671,78 @@ def test_a_cgroup_armed_ahead_comes_with_its_counters_read(monkeypatch):
         cg = p._sbx.cgroup
         assert cg is not None and cg.ready_procs == []
         assert by_caller == []
-        # The final figures' files were read once, by the supervisor.
-        assert (True, True, cg.final_procs()) in cg.batches
         p.wait()
     assert p.termination.reason == "pids", p.termination
+
+
+def _final_reads(monkeypatch) -> dict[str, list[str]]:
+    """The threads that read each cgroup's final figures, as they do."""
+    import collections
+    import threading
+
+    from sbxlimit._cgroup import Cgroup
+
+    readers: dict[str, list[str]] = collections.defaultdict(list)
+    real = Cgroup.stats
+
+    def stats(self, *, final=False, **kw):
+        if final:
+            readers[self.name].append(threading.current_thread().name)
+        return real(self, final=final, **kw)
+
+    monkeypatch.setattr(Cgroup, "stats", stats)
+    return readers
+
+
+@needs_cgroup
+def test_the_final_figures_are_read_by_the_supervisor_off_the_caller_s_path(monkeypatch):
+    # At the exit the caller reads the process list (is anything left?)
+    # and nothing else: the final figures are read by the supervisor
+    # before it removes the cgroup, and the verdict, asked for later, is
+    # made from them.
+    reads = _final_reads(monkeypatch)
+    limits = Limits(pids=8, wall_time="50s")
+    r = sbxlimit.run([PY, "-c", textwrap.dedent(FORKS)], limits=limits)
+    readers = reads[f"sbx-{r.sandbox_id}"]
+    assert "MainThread" not in readers
+    deadline = time.monotonic() + 5
+    while not readers and time.monotonic() < deadline:
+        time.sleep(0.005)  # the supervisor, woken by the retirement
+    assert readers == ["sbxlimit-monitor"]
+    assert r.termination.reason == "pids", r.termination
+    assert r.usage.pids_peak == 8 and r.usage.cpu_total is not None
+    assert readers == ["sbxlimit-monitor"]  # read once
+    assert get_monitor().drain(5) and mine() == []
+
+
+@needs_cgroup
+def test_a_caller_who_asks_first_reads_the_final_figures_itself(monkeypatch):
+    # The supervisor is held before it gets to the cgroup: the caller who
+    # asks reads the figures (once) and the supervisor, let go, removes
+    # the cgroup without reading them again.
+    import threading
+
+    from sbxlimit import _monitor
+
+    reads = _final_reads(monkeypatch)
+    go = threading.Event()
+    real = _monitor.Monitor._retire_tick
+
+    def held(self, now):
+        go.wait(10)
+        real(self, now)
+
+    monkeypatch.setattr(_monitor.Monitor, "_retire_tick", held)
+    limits = Limits(pids=8, wall_time="50s")
+    r = sbxlimit.run([PY, "-c", textwrap.dedent(FORKS)], limits=limits)
+    readers = reads[f"sbx-{r.sandbox_id}"]
+    assert r.termination.reason == "pids", r.termination
+    assert r.usage.pids_peak == 8
+    assert readers == ["MainThread"]
+    go.set()
+    assert get_monitor().drain(5)
+    assert readers == ["MainThread"]
+    assert mine() == []
 
 
 def _open_in_a_fork() -> list[str]:
