@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 
 from . import _core
 from ._cgroupfs import mounts, own_cgroups
+from ._once import Once
 from ._plan import Holder, Plan, Request
 from ._pump import fd_ident
 
@@ -452,14 +453,8 @@ def _fork_done() -> None:
 
 
 def _fork_child() -> None:
-    global _recording, _finals
+    global _recording
     _recording = threading.Lock()
-    _finals = threading.Lock()
-
-
-# A retired cgroup's final figures are read once, by whoever comes first
-# (Cgroup.final): one lock for all, the supervisor reads one at a time.
-_finals = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -515,8 +510,8 @@ class Cgroup:
         self.peak_memory = 0
         self.peak_pids = 0
         self.removed = False
-        # The final figures (final()): not read yet, read, or unreadable.
-        self.figures: CgroupStats | bool | None = False
+        # The final figures, read once (final()).
+        self.figures = Once(self._final_stats)
 
     @classmethod
     def create(cls, site: Site, name: str, settings: Iterable[tuple[str, str, str]]) -> Cgroup:
@@ -700,13 +695,13 @@ class Cgroup:
         read once: by the supervisor right before it removes the cgroup
         (Monitor.retire), off the caller's path, or by a caller who asks
         first.  None when they could not be read."""
-        with _finals:
-            if self.figures is False:
-                try:
-                    self.figures = self.stats(final=True)
-                except OSError:
-                    self.figures = None
-            return self.figures if isinstance(self.figures, CgroupStats) else None
+        return self.figures.get()
+
+    def _final_stats(self) -> CgroupStats | None:
+        try:
+            return self.stats(final=True)
+        except OSError:
+            return None
 
     def populated(self) -> bool:
         if self.site.version == 2:

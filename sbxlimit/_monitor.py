@@ -368,7 +368,7 @@ class Monitor:
         self._retiring: dict[Cgroup, float] = {}  # cgroup → give up after
         # Discarded workspaces, removed here (each with its sandbox's mount
         # namespace held, or -1).
-        self._trash: list[tuple[str, int]] = []
+        self._trash: list[tuple[str, int, _workspace.FinalSize | None]] = []
         self._emptying = 0  # threads removing what they took from _trash
         self._pool = Pool()
         self._netpool = NetPool()
@@ -779,17 +779,20 @@ class Monitor:
         if wake:
             self._wake()
 
-    def remove_workspace(self, path: str, mounts: int = -1) -> None:
+    def remove_workspace(
+        self, path: str, mounts: int = -1, final_size: _workspace.FinalSize | None = None
+    ) -> None:
         """Remove a closed sandbox's workspace: renamed away now (its path
         is gone when this returns), its tree removed by this thread, after
         it lets go of the sandbox's mount namespace (`mounts`, an fd from
-        _namespaces.hold_mounts, or -1)."""
-        trash = _workspace.discard(path)
+        _namespaces.hold_mounts, or -1), and after it measured
+        `final_size` if nobody asked for it yet."""
+        trash = _workspace.discard(path, final_size)
         if trash is None:
             _namespaces.release_mounts(mounts)
             return
         with self._lock:
-            self._trash.append((trash, mounts))
+            self._trash.append((trash, mounts, final_size))
             wake = self._sleeps_long()
         if wake:
             self._wake()
@@ -804,11 +807,13 @@ class Monitor:
             with self._lock:
                 self._emptying -= 1
 
-    def _remove_trash(self, trash: list[tuple[str, int]]) -> None:
-        for path, mounts in trash:
+    def _remove_trash(self, trash: list[tuple[str, int, _workspace.FinalSize | None]]) -> None:
+        for path, mounts, final_size in trash:
             # Its namespace's teardown first: a workspace still mounted in
             # a live namespace costs its removal an unmount there.
             _namespaces.let_go_of_mounts(mounts)
+            if final_size is not None:
+                final_size.get()  # the sandbox's outcome asks for it
             # The usual workspace (its empty tmp/) in one core call, the GIL
             # released once; a tree the program left, the long way.
             steps = [

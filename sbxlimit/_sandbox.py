@@ -203,6 +203,7 @@ class Sandbox:
     # Its mount namespace, held until the reap (_namespaces.hold_mounts).
     mnt_hold: int = -1
     disk: int | None = None  # the workspace's size when the program ended
+    disk_size: _workspace.FinalSize | None = None  # the same, measured when asked
     disk_full = False  # the tmpfs was full when the program ended
     _outcome: Outcome | None = None
 
@@ -914,6 +915,10 @@ class Sandbox:
         if self.plan.active:  # the reap of a plain Popen stays as it was
             if self.ws_fd >= 0:
                 self.disk, self.disk_full = _workspace.tmpfs_usage(self.ws_fd)
+            elif self.workspace is not None and not self.plan.keep_workspace:
+                # Measured when someone asks, or by the supervisor right
+                # before it removes the workspace: off the caller's path.
+                self.disk_size = _workspace.FinalSize(self.workspace)
             else:
                 disk_path = self.disk_path()
                 if disk_path is not None:
@@ -1038,13 +1043,14 @@ class Sandbox:
                 disk=self.disk,
                 disk_full=self.disk_full,
             )
-            cg = self.ended_cgroup
+            cg, size = self.ended_cgroup, self.disk_size
             o = self._outcome = Outcome(
                 evidence,
                 self.limits,
                 self.enforced,
                 self.plan.memory_by,
                 cgroup=cg.final if cg is not None else None,
+                disk=size.get if size is not None else None,
             )
         return o
 
@@ -1116,7 +1122,7 @@ class Sandbox:
                 # Gone from its path now; its tree is removed by the
                 # supervisor, off the caller's path.
                 hold, self.mnt_hold = self.mnt_hold, -1
-                get_monitor().remove_workspace(ws, hold)
+                get_monitor().remove_workspace(ws, hold, self.disk_size)
                 # Removal is best effort: say what is true.
                 self.workspace_removed = not os.path.lexists(ws)
 

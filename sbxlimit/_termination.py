@@ -423,6 +423,7 @@ class Outcome:
 
     __slots__ = (
         "_cgroup",
+        "_disk",
         "_termination",
         "_usage",
         "enforced",
@@ -438,22 +439,30 @@ class Outcome:
         enforced: dict[str, Enforcement],
         memory_by: Holder = Holder.NONE,
         cgroup: Callable[[], CgroupStats | None] | None = None,
+        disk: Callable[[], int] | None = None,
     ) -> None:
         self.evidence = evidence
         self.limits = limits
         self.enforced = enforced
         self.memory_by = memory_by
-        # The cgroup's final figures, fetched when first needed: the
-        # supervisor reads them off the caller's path (Cgroup.final).
+        # The cgroup's final figures and the workspace's size, fetched when
+        # first needed: the supervisor reads them off the caller's path
+        # (Cgroup.final, _workspace.FinalSize).
         self._cgroup = cgroup
+        self._disk = disk
         self._usage: Usage | None = None
         self._termination: Termination | None = None
 
     def _facts(self) -> Evidence:
-        get = self._cgroup
-        if get is not None:
-            self.evidence = dataclasses.replace(self.evidence, cgroup=get())
-            self._cgroup = None
+        cgroup, disk = self._cgroup, self._disk
+        if cgroup is not None or disk is not None:
+            e = self.evidence
+            self.evidence = dataclasses.replace(
+                e,
+                cgroup=cgroup() if cgroup is not None else e.cgroup,
+                disk=disk() if disk is not None else e.disk,
+            )
+            self._cgroup = self._disk = None
         return self.evidence
 
     def usage(self) -> Usage:

@@ -13,6 +13,7 @@ over it in the sandbox's own mount namespace where one can be made
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import stat
@@ -20,10 +21,12 @@ import tempfile
 import threading
 import time
 
+from ._once import Once
 from ._plan import Plan, Request
 from ._protected import TTL
 
 __all__ = [
+    "FinalSize",
     "Pool",
     "create",
     "discard",
@@ -215,21 +218,44 @@ def remove(path: str) -> None:
 TRASH_SUFFIX = ".removing"
 
 
-def discard(path: str) -> str | None:
+def discard(path: str, final_size: FinalSize | None = None) -> str | None:
     """Take a workspace away from its path at once, for removal later
     (off the caller's path: a tree's rmdirs take 50-150 us each on a
     journalled file system, a rename 3 us).  Returns what to remove, or
-    None when it was removed here (the rename failed)."""
+    None when it was removed here (the rename failed).  `final_size`
+    follows it (or is measured first)."""
     trash = path + TRASH_SUFFIX
-    try:
-        os.rename(path, trash)
-    except OSError:
-        remove(path)
-        return None
+    # A measure under way ends first; one after follows the rename.
+    with final_size.lock if final_size is not None else contextlib.nullcontext():
+        try:
+            os.rename(path, trash)
+        except OSError:
+            if final_size is not None:
+                final_size.get()
+            remove(path)
+            return None
+        if final_size is not None:
+            final_size.path = trash
     with _lock:
         _live.discard(path)
         _live.add(trash)  # still removed at exit if the supervisor is not done
     return trash
+
+
+class FinalSize(Once[int]):
+    """A workspace's size when its program ended, measured once: when
+    someone asks, or by the supervisor right before it removes the
+    workspace (off the caller's path).  It follows the workspace to the
+    trash (discard)."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str) -> None:
+        super().__init__(self._measure)
+        self.path = path
+
+    def _measure(self) -> int:
+        return size(self.path)
 
 
 def size(path: str) -> int:

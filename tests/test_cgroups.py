@@ -769,9 +769,9 @@ def _open_in_a_fork() -> list[str]:
 
 
 def _forked_while_held(monkeypatch, method: str, limits: Limits, inside=None) -> list[str]:
-    """What a child made by os.fork() has open when the supervisor, making
-    a cgroup of `limits`' kind ahead, is held in Cgroup.`method` (having
-    called `inside(cgroup)` there first: it returns what undoes it)."""
+    """What a child made by os.fork() has open when the supervisor, after
+    a sandbox of `limits`' kind, is held in Cgroup.`method` (having called
+    `inside(cgroup)` there first: it returns what undoes it)."""
     import threading
 
     from sbxlimit._cgroup import Cgroup
@@ -808,9 +808,10 @@ def test_a_fork_while_a_cgroup_is_made_ahead_closes_its_files_too(monkeypatch):
 
 @needs_cgroup
 def test_a_fork_while_the_supervisor_reads_a_cgroup_file_closes_it(monkeypatch):
-    # Forked while the supervisor has a file of a cgroup it makes ahead
-    # open for a moment (a read in a core call, its fd known to nobody):
-    # the child closes it all the same.
+    # Forked while the supervisor has a file of a cgroup open for a moment
+    # (a read in a core call, its fd known to nobody: here the final
+    # figures of the sandbox that ended, read before its removal): the
+    # child closes it all the same.
     seen: list[str] = []
 
     def open_one(cg) -> Callable[[], None]:

@@ -566,3 +566,33 @@ def test_output_past_the_cap_is_the_verdict_even_when_the_exit_is_seen_first(mon
     code = "import sys\nsys.stdout.write('o' * 5000)\nsys.stderr.write('e' * 5000)"
     r = run_py(code, limits=Limits(output=6000), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert r.termination.reason == "output" and len(r.stdout) == 6000
+
+
+def test_a_final_figure_held_by_the_supervisor_at_a_fork_is_computed_in_the_child():
+    # The supervisor holds a figure's lock while it computes it (_once);
+    # a child forked meanwhile, where that thread does not run, computes
+    # the figure itself instead of waiting forever.
+    from sbxlimit._once import Once
+
+    once: Once[int] = Once(lambda: 42)
+    held, done = threading.Event(), threading.Event()
+
+    def supervisor() -> None:
+        with once.lock:
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=supervisor)
+    t.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(5)  # a hang ends the child, not the test run
+            os._exit(0 if once.get() == 42 else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        done.set()
+        t.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert once.get() == 42

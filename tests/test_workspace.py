@@ -152,6 +152,53 @@ def test_the_tree_is_removed_by_the_supervisor_not_the_caller(monkeypatch):
     assert not os.path.exists(trash)
 
 
+def _sizes(monkeypatch) -> list[tuple[str, str]]:
+    """(thread, path) of each workspace measured, as it is."""
+    from sbxlimit import _workspace
+
+    real, measured = _workspace.size, []
+
+    def size(path):
+        measured.append((threading.current_thread().name, path))
+        return real(path)
+
+    monkeypatch.setattr(_workspace, "size", size)
+    return measured
+
+
+def test_the_workspace_s_size_is_measured_by_the_supervisor_before_it_removes_it(monkeypatch):
+    # Nobody asked for the usage when run() returned: the supervisor
+    # measured the workspace (in the trash, before removing it), not the
+    # caller; the figure is the program's 300 kB.
+    from sbxlimit import _workspace
+
+    measured = _sizes(monkeypatch)
+    r = sbxlimit.run(["sh", "-c", "head -c 300000 /dev/zero > f"], policy=POLICY)
+    trash = r.workspace + _workspace.TRASH_SUFFIX
+    deadline = time.monotonic() + 10
+    while not measured and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert measured == [("sbxlimit-monitor", trash)]
+    assert r.usage.disk >= 300000
+    assert measured == [("sbxlimit-monitor", trash)]  # once
+    assert not os.path.exists(r.workspace)
+
+
+def test_a_caller_who_asks_before_close_measures_the_workspace_itself(monkeypatch):
+    # Asked after the exit, before close: measured where it is, once; the
+    # supervisor then removes it without measuring it again.
+    from sbxlimit._monitor import get_monitor
+
+    measured = _sizes(monkeypatch)
+    with sbxlimit.Popen(["sh", "-c", "head -c 300000 /dev/zero > f"], policy=POLICY) as p:
+        p.wait()
+        ws = p.workspace
+        assert p.usage().disk >= 300000
+    assert get_monitor().drain(5)
+    assert measured == [(threading.current_thread().name, ws)]
+    assert p.usage().disk >= 300000 and not os.path.exists(ws)
+
+
 def test_a_workspace_made_ahead_is_the_sandboxs_own():
     # After a first private workspace the supervisor keeps some ready (id
     # 0); the next sandbox takes one, renamed for it: 0700, empty but for

@@ -1,0 +1,46 @@
+"""A figure computed once, by whoever asks first.
+
+The supervisor computes a sandbox's final figures (its cgroup's counters,
+its workspace's size) right before it removes what they are read from, off
+the caller's path; a caller who asks sooner computes them itself, and the
+supervisor then waits for that before it removes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Once(Generic[T]):
+    """`compute()`'s value, computed at the first get().  `lock` is held
+    while it computes (reentrant: what moves its source holds it too)."""
+
+    __slots__ = ("_compute", "_pid", "_value", "lock")
+
+    def __init__(self, compute: Callable[[], T]) -> None:
+        self._compute: Callable[[], T] | None = compute
+        self._value: T | None = None
+        self._pid = os.getpid()
+        self.lock = threading.RLock()
+
+    def get(self) -> T:
+        if self._pid != os.getpid():
+            # A forked child: the lock may have been held at the fork by
+            # a thread (the supervisor) that does not run here.
+            self.lock = threading.RLock()
+            self._pid = os.getpid()
+        with self.lock:
+            compute = self._compute
+            if compute is not None:
+                self._value = compute()
+                self._compute = None  # what it closed over goes
+            return self._value  # type: ignore[return-value]
+
+    @property
+    def done(self) -> bool:
+        return self._compute is None
