@@ -1049,7 +1049,7 @@ class Sandbox:
                 self.limits,
                 self.enforced,
                 self.plan.memory_by,
-                cgroup=cg.final if cg is not None else None,
+                cgroup=cg.figures.get if cg is not None else None,
                 disk=size.get if size is not None else None,
             )
         return o
