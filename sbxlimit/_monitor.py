@@ -781,21 +781,23 @@ class Monitor:
 
     def remove_workspace(
         self, path: str, mounts: int = -1, final_size: _workspace.FinalSize | None = None
-    ) -> None:
+    ) -> bool:
         """Remove a closed sandbox's workspace: renamed away now (its path
         is gone when this returns), its tree removed by this thread, after
         it lets go of the sandbox's mount namespace (`mounts`, an fd from
         _namespaces.hold_mounts, or -1), and after it measured
-        `final_size` if nobody asked for it yet."""
+        `final_size` if nobody asked for it yet.  False if the path is
+        still there (the rename failed, and so did the removal)."""
         trash = _workspace.discard(path, final_size)
         if trash is None:
             _namespaces.release_mounts(mounts)
-            return
+            return not os.path.lexists(path)
         with self._lock:
             self._trash.append((trash, mounts, final_size))
             wake = self._sleeps_long()
         if wake:
             self._wake()
+        return True
 
     def _empty_trash(self) -> None:
         with self._lock:

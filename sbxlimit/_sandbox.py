@@ -1122,9 +1122,8 @@ class Sandbox:
                 # Gone from its path now; its tree is removed by the
                 # supervisor, off the caller's path.
                 hold, self.mnt_hold = self.mnt_hold, -1
-                get_monitor().remove_workspace(ws, hold, self.disk_size)
                 # Removal is best effort: say what is true.
-                self.workspace_removed = not os.path.lexists(ws)
+                self.workspace_removed = get_monitor().remove_workspace(ws, hold, self.disk_size)
 
     def finalize(self, reaped: bool) -> None:
         """Dropped without close(): the workspace goes with it (if the
