@@ -8,17 +8,21 @@ supervisor then waits for that before it removes anything.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("sbxlimit")
 
 
 class Once(Generic[T]):
-    """`compute()`'s value, computed at the first get().  `lock` is held
-    while it computes (reentrant: what moves its source holds it too)."""
+    """`compute()`'s value, computed at the first get(); None if it
+    failed (logged: the supervisor goes on to remove what it was read
+    from).  `lock` is held while it computes (reentrant: what moves its
+    source holds it too)."""
 
     __slots__ = ("_compute", "_pid", "_value", "lock")
 
@@ -28,7 +32,7 @@ class Once(Generic[T]):
         self._pid = os.getpid()
         self.lock = threading.RLock()
 
-    def get(self) -> T:
+    def get(self) -> T | None:
         if self._pid != os.getpid():
             # A forked child: the lock may have been held at the fork by
             # a thread (the supervisor) that does not run here.
@@ -37,9 +41,12 @@ class Once(Generic[T]):
         with self.lock:
             compute = self._compute
             if compute is not None:
-                self._value = compute()
+                try:
+                    self._value = compute()
+                except Exception:
+                    log.exception("sbxlimit: a sandbox's final figure could not be read")
                 self._compute = None  # what it closed over goes
-            return self._value  # type: ignore[return-value]
+            return self._value
 
     @property
     def done(self) -> bool:

@@ -439,7 +439,7 @@ class Outcome:
         enforced: dict[str, Enforcement],
         memory_by: Holder = Holder.NONE,
         cgroup: Callable[[], CgroupStats | None] | None = None,
-        disk: Callable[[], int] | None = None,
+        disk: Callable[[], int | None] | None = None,
     ) -> None:
         self.evidence = evidence
         self.limits = limits

@@ -745,6 +745,27 @@ def test_a_caller_who_asks_first_reads_the_final_figures_itself(monkeypatch):
     assert mine() == []
 
 
+@needs_cgroup
+def test_final_figures_that_fail_to_read_do_not_keep_the_cgroup(monkeypatch, caplog):
+    # A bug in reading the final figures (here: the parse raises) must not
+    # keep the supervisor from removing the cgroup: the figures are
+    # missing (logged), the verdict is still made, nothing is left.
+    from sbxlimit._cgroup import Cgroup
+
+    real = Cgroup.stats
+
+    def stats(self, *, final=False, **kw):
+        if final:
+            raise RuntimeError("a parse that went wrong")
+        return real(self, final=final, **kw)
+
+    monkeypatch.setattr(Cgroup, "stats", stats)
+    r = sbxlimit.run(["true"], limits=Limits(pids=8))
+    assert get_monitor().drain(5) and mine() == []
+    assert r.termination.reason == "exited" and r.usage.pids_peak is None
+    assert "final figure could not be read" in caplog.text
+
+
 def _open_in_a_fork() -> list[str]:
     """What a child made by os.fork() has open (the at-fork handlers ran)."""
     r, w = os.pipe()
