@@ -366,6 +366,7 @@ class Monitor:
         # system call per process).  interval -> [members, next sweep].
         self._sweeps: dict[float, tuple[dict[Watch, None], list[float]]] = {}
         self._retiring: dict[Cgroup, float] = {}  # cgroup → give up after
+        self._retiring_lock = threading.Lock()  # one _retire_tick at a time (ours, drain's)
         # Discarded workspaces, removed here (each with its sandbox's mount
         # namespace held, or -1).
         self._trash: list[tuple[str, int, _workspace.FinalSize | None]] = []
@@ -827,16 +828,27 @@ class Monitor:
             else:
                 _workspace.remove(path)
 
-    def _retire_tick(self, now: float) -> None:
-        for cg, until in list(self._retiring.items()):
-            cg.final()  # the figures the sandbox's outcome asks for, read before they go
-            if cg.remove():
-                del self._retiring[cg]
-            elif now > until:
-                del self._retiring[cg]
-                log.warning("sbxlimit: cgroup %s still busy; `sbxlimit gc` removes it", cg.name)
-            else:
-                cg.kill()
+    def _retire_tick(self, now: float) -> bool:
+        """Read the retired cgroups' final figures, then remove them; True
+        when none is left.  Not under the lock: the reads and rmdirs take
+        a few hundred µs, and a caller takes the lock to spawn."""
+        with self._retiring_lock:
+            with self._lock:
+                due = list(self._retiring.items())
+            done = []
+            for cg, until in due:
+                cg.final()  # the figures the sandbox's outcome asks for, read before they go
+                if cg.remove():
+                    done.append(cg)
+                elif now > until:
+                    done.append(cg)
+                    log.warning("sbxlimit: cgroup %s still busy; `sbxlimit gc` removes it", cg.name)
+                else:
+                    cg.kill()
+            with self._lock:
+                for cg in done:
+                    del self._retiring[cg]
+                return not self._retiring
 
     def drain(self, timeout: float, *, close: bool = False) -> bool:
         """Remove the cgroups made ahead of need (`close`: make no more), and
@@ -859,13 +871,9 @@ class Monitor:
             with self._lock:
                 # Workspaces still to remove, or being removed by the
                 # supervisor (their namespaces let go of first): not gone.
-                trash = bool(self._trash)
-                if not trash and not self._emptying:
-                    if not self._retiring:
-                        return True
-                    self._retire_tick(time.monotonic())
-                    if not self._retiring:
-                        return True
+                trash, emptying = bool(self._trash), self._emptying > 0
+            if not trash and not emptying and self._retire_tick(time.monotonic()):
+                return True
             if time.monotonic() >= end:
                 return False
             if trash:
@@ -1031,8 +1039,9 @@ class Monitor:
             for interval, (_members, at) in list(self._sweeps.items()):
                 if at[0] <= now:
                     self._sweep(interval, now)
-            if self._retiring:
-                self._retire_tick(now)
+            retiring = bool(self._retiring)
+        if retiring:
+            self._retire_tick(now)  # unlocked: reads and rmdirs take a while
         self._flush_warnings()
         if self._trash:
             self._empty_trash()  # unlocked: a tree's rmdirs take a while

@@ -730,7 +730,7 @@ def test_a_caller_who_asks_first_reads_the_final_figures_itself(monkeypatch):
 
     def held(self, now):
         go.wait(10)
-        real(self, now)
+        return real(self, now)
 
     monkeypatch.setattr(_monitor.Monitor, "_retire_tick", held)
     limits = Limits(pids=8, wall_time="50s")
@@ -743,6 +743,42 @@ def test_a_caller_who_asks_first_reads_the_final_figures_itself(monkeypatch):
     assert get_monitor().drain(5)
     assert readers == ["MainThread"]
     assert mine() == []
+
+
+@needs_cgroup
+def test_a_spawn_does_not_wait_for_the_supervisor_removing_a_cgroup(monkeypatch):
+    # The supervisor reads an ended sandbox's figures and removes its
+    # cgroup (rmdirs: a few hundred µs, more on a busy machine) without the
+    # lock a spawn takes: held there, it keeps no other sandbox waiting.
+    import threading
+
+    from sbxlimit._cgroup import Cgroup
+
+    entered, release = threading.Event(), threading.Event()
+    real = Cgroup.remove
+
+    def remove(self):
+        if threading.current_thread().name == "sbxlimit-monitor" and not release.is_set():
+            entered.set()
+            release.wait(20)
+        return real(self)
+
+    monkeypatch.setattr(Cgroup, "remove", remove)
+    limits = Limits(memory="256Mi", pids=16, wall_time="30s")
+    try:
+        sbxlimit.run(["true"], limits=limits)
+        assert entered.wait(10), "the supervisor never removed the cgroup"
+        results: list[object] = []
+        other = threading.Thread(
+            target=lambda: results.append(sbxlimit.run(["true"], limits=limits))
+        )
+        other.start()
+        other.join(10)
+        assert results, "a spawn waited for the supervisor's removal"
+        assert not release.is_set()
+    finally:
+        release.set()
+    assert get_monitor().drain(5) and mine() == []
 
 
 @needs_cgroup
