@@ -510,8 +510,8 @@ class Cgroup:
         self.peak_memory = 0
         self.peak_pids = 0
         self.removed = False
-        # The final figures, read once (final()).
-        self.figures = Once(self._final_stats)
+        # Its final figures, read once: made when its sandbox ends (ended()).
+        self.figures: Once[CgroupStats | None] | None = None
 
     @classmethod
     def create(cls, site: Site, name: str, settings: Iterable[tuple[str, str, str]]) -> Cgroup:
@@ -690,12 +690,18 @@ class Cgroup:
         path = self._procs_path()
         return [] if path is None else [int(x) for x in _read(path).split()]
 
+    def ended(self) -> Once[CgroupStats | None]:
+        """Its sandbox ended (the leader reaped, what it left killed): its
+        final figures, read once, by the supervisor right before it removes
+        the cgroup (Monitor.retire), off the caller's path, or by a caller
+        who asks first.  None when they could not be read."""
+        if self.figures is None:
+            self.figures = Once(self._final_stats)
+        return self.figures
+
     def final(self) -> CgroupStats | None:
-        """The figures at the end (the leader reaped, what it left killed),
-        read once: by the supervisor right before it removes the cgroup
-        (Monitor.retire), off the caller's path, or by a caller who asks
-        first.  None when they could not be read."""
-        return self.figures.get()
+        """The final figures, if its sandbox ended (see ended())."""
+        return self.figures.get() if self.figures is not None else None
 
     def _final_stats(self) -> CgroupStats | None:
         try:

@@ -3,7 +3,9 @@
 The supervisor computes a sandbox's final figures (its cgroup's counters,
 its workspace's size) right before it removes what they are read from, off
 the caller's path; a caller who asks sooner computes them itself, and the
-supervisor then waits for that before it removes anything.
+supervisor then waits for that before it removes anything.  A fork first
+computes those still pending: in the child, what they are read from may be
+gone (the parent's supervisor removes it).
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger("sbxlimit")
+
+# Not computed yet, in this process.
+_pending: weakref.WeakSet[Once[Any]] = weakref.WeakSet()
 
 
 class Once(Generic[T]):
@@ -24,20 +30,25 @@ class Once(Generic[T]):
     from).  `lock` is held while it computes (reentrant: what moves its
     source holds it too)."""
 
-    __slots__ = ("_compute", "_pid", "_value", "lock")
+    __slots__ = ("__weakref__", "_compute", "_lock", "_pid", "_value")
 
     def __init__(self, compute: Callable[[], T]) -> None:
         self._compute: Callable[[], T] | None = compute
         self._value: T | None = None
         self._pid = os.getpid()
-        self.lock = threading.RLock()
+        self._lock = threading.RLock()
+        _pending.add(self)
 
-    def get(self) -> T | None:
+    @property
+    def lock(self) -> threading.RLock:
         if self._pid != os.getpid():
             # A forked child: the lock may have been held at the fork by
             # a thread (the supervisor) that does not run here.
-            self.lock = threading.RLock()
+            self._lock = threading.RLock()
             self._pid = os.getpid()
+        return self._lock
+
+    def get(self) -> T | None:
         with self.lock:
             compute = self._compute
             if compute is not None:
@@ -46,8 +57,20 @@ class Once(Generic[T]):
                 except Exception:
                     log.exception("sbxlimit: a sandbox's final figure could not be read")
                 self._compute = None  # what it closed over goes
+                _pending.discard(self)
             return self._value
 
     @property
     def done(self) -> bool:
         return self._compute is None
+
+
+def _before_fork() -> None:
+    pid = os.getpid()
+    for once in list(_pending):
+        if once._pid == pid:
+            once.get()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)

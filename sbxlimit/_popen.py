@@ -442,6 +442,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             return None
         return self._sbx_outcome().termination()
 
+    def _sbx_closed_at_reap(self) -> None:
+        """run() (sync or asyncio) closes this sandbox right after the reap:
+        its workspace's size may be measured later, off its path."""
+        self._sbx.closed_at_reap = not self._sbx.plan.keep_workspace
+
     def _sbx_outcome(self) -> Outcome:
         """The final facts (sbxlimit.run and the asyncio layer read them)."""
         rc = self.returncode if self.returncode is not None else 0

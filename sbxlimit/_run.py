@@ -131,6 +131,7 @@ def _run(
         kwargs["stderr"] = subprocess.PIPE
 
     with Popen(*popenargs, limits=limits, policy=policy, **kwargs) as process:
+        process._sbx_closed_at_reap()
         if span is not None:
             span.spawned(process)
         try:

@@ -40,12 +40,13 @@ from typing import Any, NoReturn
 
 from . import _core, _landlock, _namespaces, _platform, _protected, _seatbelt, _workspace, audit
 from . import _spawn as _spawn_mod
-from ._cgroup import Cgroup, Site, discover, warn_explicit_site
+from ._cgroup import Cgroup, CgroupStats, Site, discover, warn_explicit_site
 from ._enforcement import Enforcement
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
 from ._monitor import Watch, drain_before_exit, get_monitor, settle_monitor, signal_tree
+from ._once import Once
 from ._plan import Held, Plan, plan, warn_downgrades
 from ._platform import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID
 from ._policy import Policy, environ_bytes, put_env
@@ -199,11 +200,15 @@ class Sandbox:
 
     # What it left.
     rusage: Any = None
-    ended_cgroup: Cgroup | None = None  # released: its final figures (Cgroup.final)
+    cgroup_figures: Once[CgroupStats | None] | None = None  # its final figures (Cgroup.ended)
     # Its mount namespace, held until the reap (_namespaces.hold_mounts).
     mnt_hold: int = -1
     disk: int | None = None  # the workspace's size when the program ended
     disk_size: _workspace.FinalSize | None = None  # the same, measured when asked
+    # run() closes the sandbox right after the reap: nobody can change the
+    # workspace in between, so its size may be measured later (disk_size).
+    # A Popen's caller may take the program's files out before close().
+    closed_at_reap = False
     disk_full = False  # the tmpfs was full when the program ended
     _outcome: Outcome | None = None
 
@@ -915,7 +920,7 @@ class Sandbox:
         if self.plan.active:  # the reap of a plain Popen stays as it was
             if self.ws_fd >= 0:
                 self.disk, self.disk_full = _workspace.tmpfs_usage(self.ws_fd)
-            elif self.workspace is not None and not self.plan.keep_workspace:
+            elif self.workspace is not None and self.closed_at_reap:
                 # Measured when someone asks, or by the supervisor right
                 # before it removes the workspace: off the caller's path.
                 self.disk_size = _workspace.FinalSize(self.workspace)
@@ -952,7 +957,7 @@ class Sandbox:
         # are the supervisor's, off the caller's path; the outcome asks
         # for the figures when someone asks for it.  What the leader left
         # was killed at its exit (leader_exited).
-        self.ended_cgroup = cg
+        self.cgroup_figures = cg.ended()
         get_monitor().retire(cg)
 
     def exited(self, returncode: int) -> None:
@@ -1043,13 +1048,13 @@ class Sandbox:
                 disk=self.disk,
                 disk_full=self.disk_full,
             )
-            cg, size = self.ended_cgroup, self.disk_size
+            cg, size = self.cgroup_figures, self.disk_size
             o = self._outcome = Outcome(
                 evidence,
                 self.limits,
                 self.enforced,
                 self.plan.memory_by,
-                cgroup=cg.figures.get if cg is not None else None,
+                cgroup=cg.get if cg is not None else None,
                 disk=size.get if size is not None else None,
             )
         return o
@@ -1107,8 +1112,8 @@ class Sandbox:
         """Remove the private workspace, unless kept (its files copied out
         of a tmpfs first)."""
         ws = self.workspace
-        if ws is None:
-            return
+        if ws is None or self.owner_pid != os.getpid():
+            return  # a forked child's copy owns nothing (as in finalize)
         self.workspace = None
         keep = self.plan.keep_workspace
         try:

@@ -453,6 +453,12 @@ class Outcome:
         self._usage: Usage | None = None
         self._termination: Termination | None = None
 
+    def __getstate__(self) -> object:
+        # Pickled (a result sent back from a worker process): with its
+        # figures, not the fetchers (a lock inside) that would read them.
+        self._facts()
+        return object.__getstate__(self)
+
     def _facts(self) -> Evidence:
         cgroup, disk = self._cgroup, self._disk
         if cgroup is not None or disk is not None:

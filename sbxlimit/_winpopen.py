@@ -438,6 +438,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             return None
         return self._sbx_outcome().termination()
 
+    def _sbx_closed_at_reap(self) -> None:
+        """As _popen's (the job measures its directory at the exit)."""
+
     def _sbx_outcome(self) -> Outcome:
         rc = self.returncode if self.returncode is not None else 0
         if self._job is not None:

@@ -447,6 +447,7 @@ async def _run(
         proc = await create_subprocess_exec(args, limits=limits, policy=policy, **kwds)
     else:
         proc = await create_subprocess_exec(*args, limits=limits, policy=policy, **kwds)
+    proc._popen._sbx_closed_at_reap()
     if span is not None:
         span.spawned(proc._popen)
     async with proc:

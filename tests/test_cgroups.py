@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 
 import sbxlimit
-from sbxlimit import Limits, _core
+from sbxlimit import Limits, Policy, _core
 from sbxlimit._cgroup import _V1, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
@@ -743,6 +743,27 @@ def test_a_caller_who_asks_first_reads_the_final_figures_itself(monkeypatch):
     assert get_monitor().drain(5)
     assert readers == ["MainThread"]
     assert mine() == []
+
+
+@needs_cgroup
+def test_the_final_figures_reach_a_child_forked_before_anyone_asked():
+    # A fork right after run(), before the supervisor read the figures:
+    # the child (a multiprocessing worker, say) gets the verdict and the
+    # figures of the sandbox, not those of what its parent already removed.
+    code = "open('f', 'wb').write(b'x' * 300000)\n" + textwrap.dedent(FORKS)
+    r = sbxlimit.run(
+        [PY, "-c", code],
+        policy=Policy(protect_dotfiles=False),
+        limits=Limits(pids=8, wall_time="20s"),
+    )
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.3)  # the parent's supervisor removes the cgroup and workspace meanwhile
+        ok = r.termination.reason == "pids" and r.usage.pids_peak == 8
+        os._exit(0 if ok and r.usage.disk >= 300000 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert r.termination.reason == "pids" and r.usage.disk >= 300000
 
 
 @needs_cgroup

@@ -568,31 +568,56 @@ def test_output_past_the_cap_is_the_verdict_even_when_the_exit_is_seen_first(mon
     assert r.termination.reason == "output" and len(r.stdout) == 6000
 
 
-def test_a_final_figure_held_by_the_supervisor_at_a_fork_is_computed_in_the_child():
-    # The supervisor holds a figure's lock while it computes it (_once);
-    # a child forked meanwhile, where that thread does not run, computes
-    # the figure itself instead of waiting forever.
+def test_a_fork_computes_the_final_figures_still_pending_first():
+    # A figure not computed yet (the supervisor reads it before it removes
+    # its source) is computed before a fork: the child, where the parent's
+    # supervisor does not run and the source may be gone, has the parent's.
+    # One being computed by the supervisor at the fork is waited for.
+    from sbxlimit._once import Once
+
+    pending: Once[int] = Once(os.getpid)
+    computing: Once[int] = Once(lambda: (held.set(), time.sleep(0.3), os.getpid())[2])
+    held = threading.Event()
+    t = threading.Thread(target=computing.get)
+    t.start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(5)  # a hang ends the child, not the test run
+        ours = pending.get() == computing.get() == os.getppid()
+        os._exit(0 if ours else 1)
+    _, status = os.waitpid(pid, 0)
+    t.join()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pending.done and computing.get() == os.getpid()
+
+
+def test_a_figure_s_lock_held_at_a_fork_does_not_hang_the_child():
+    # A thread that does not run in the child (the supervisor; a caller
+    # closing the sandbox, which moves the workspace under the lock) held
+    # the lock at the fork: in the child the lock is a new one.
     from sbxlimit._once import Once
 
     once: Once[int] = Once(lambda: 42)
+    assert once.get() == 42
     held, done = threading.Event(), threading.Event()
 
-    def supervisor() -> None:
+    def holder() -> None:
         with once.lock:
             held.set()
             done.wait(10)
 
-    t = threading.Thread(target=supervisor)
+    t = threading.Thread(target=holder)
     t.start()
     try:
         assert held.wait(10)
         pid = os.fork()
         if pid == 0:
             signal.alarm(5)  # a hang ends the child, not the test run
-            os._exit(0 if once.get() == 42 else 1)
+            with once.lock:
+                os._exit(0 if once.get() == 42 else 1)
         _, status = os.waitpid(pid, 0)
     finally:
         done.set()
         t.join()
     assert os.waitstatus_to_exitcode(status) == 0
-    assert once.get() == 42

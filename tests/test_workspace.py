@@ -199,6 +199,47 @@ def test_a_caller_who_asks_before_close_measures_the_workspace_itself(monkeypatc
     assert p.usage().disk >= 300000 and not os.path.exists(ws)
 
 
+def test_a_popen_s_caller_taking_the_output_out_before_close_does_not_change_its_size(
+    tmp_path,
+):
+    # A Popen's workspace is measured at the reap, as the program left it:
+    # what its caller does there before close() is not the program's.
+    # (run() measures later: nobody can touch it between the reap and its
+    # close.)
+    with sbxlimit.Popen(["sh", "-c", "head -c 300000 /dev/zero > out"], policy=POLICY) as p:
+        p.wait()
+        os.rename(os.path.join(p.workspace, "out"), tmp_path / "out")
+        with open(os.path.join(p.workspace, "mine"), "wb") as f:
+            f.write(b"x" * 500_000)
+    assert 300_000 <= p.usage().disk < 400_000
+
+
+def test_a_result_pickles_with_its_figures():
+    # Sent back from a worker process (ProcessPoolExecutor): the result
+    # carries its figures, whether or not anyone asked for them.
+    import pickle
+
+    r = sbxlimit.run(["sh", "-c", "head -c 300000 /dev/zero > f"], policy=POLICY)
+    back = pickle.loads(pickle.dumps(r))
+    assert back.termination.reason == "exited" and back.usage.disk >= 300000
+    assert back.usage == r.usage
+
+
+def test_a_forked_child_s_close_leaves_the_parent_s_workspace():
+    # A child forked inside the with block (a copy of the Popen) owns
+    # nothing: its close() does not take the parent's workspace away.
+    with sbxlimit.Popen(["true"], policy=POLICY) as p:
+        p.wait()
+        ws = p.workspace
+        pid = os.fork()
+        if pid == 0:
+            p.close()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.path.isdir(ws)
+    assert not os.path.exists(ws) and p.workspace_removed
+
+
 def test_a_workspace_made_ahead_is_the_sandboxs_own():
     # After a first private workspace the supervisor keeps some ready (id
     # 0); the next sandbox takes one, renamed for it: 0700, empty but for
