@@ -371,6 +371,9 @@ class Monitor:
         # namespace held, or -1).
         self._trash: list[tuple[str, int, _workspace.FinalSize | None]] = []
         self._emptying = 0  # threads removing what they took from _trash
+        # Empties _trash (remove_workspace), started at the first.
+        self._janitor: threading.Thread | None = None
+        self._trash_ready = threading.Event()
         self._pool = Pool()
         self._netpool = NetPool()
         self._wspool = _workspace.Pool()
@@ -784,21 +787,38 @@ class Monitor:
         self, path: str, mounts: int = -1, final_size: _workspace.FinalSize | None = None
     ) -> bool:
         """Remove a closed sandbox's workspace: renamed away now (its path
-        is gone when this returns), its tree removed by this thread, after
-        it lets go of the sandbox's mount namespace (`mounts`, an fd from
-        _namespaces.hold_mounts, or -1), and after it measured
+        is gone when this returns), its tree removed by the janitor thread,
+        after it lets go of the sandbox's mount namespace (`mounts`, an fd
+        from _namespaces.hold_mounts, or -1), and after it measured
         `final_size` if nobody asked for it yet.  False if the path is
-        still there (the rename failed, and so did the removal)."""
+        still there (the rename failed, and so did the removal).
+
+        Not the supervisor: a program decides how many files it leaves
+        (a million take seconds to remove), and every other sandbox's
+        timers and kills wait while the supervisor is busy."""
         trash = _workspace.discard(path, final_size)
         if trash is None:
             _namespaces.release_mounts(mounts)
             return not os.path.lexists(path)
         with self._lock:
             self._trash.append((trash, mounts, final_size))
-            wake = self._sleeps_long()
-        if wake:
-            self._wake()
+            janitor = self._janitor
+            if janitor is None:
+                janitor = self._janitor = threading.Thread(
+                    target=self._janitor_run, name="sbxlimit-janitor", daemon=True
+                )
+                janitor.start()
+        self._trash_ready.set()
         return True
+
+    def _janitor_run(self) -> None:
+        while True:
+            self._trash_ready.wait()
+            self._trash_ready.clear()  # what comes from now on sets it again
+            try:
+                self._empty_trash()
+            except Exception:  # never let the janitor die
+                log.exception("sbxlimit janitor: unexpected error")
 
     def _empty_trash(self) -> None:
         with self._lock:
@@ -988,7 +1008,7 @@ class Monitor:
             due = min(self._next_due(), self._read_at)
             for _members, at in self._sweeps.values():
                 due = min(due, at[0])
-            if self._retiring or self._trash:
+            if self._retiring:
                 due = min(due, now + _RETIRE_TICK)
             pool_due = now if self._pool.wanted() else self._pool.next_expiry()
             net_due = now if self._netpool.wanted() else self._netpool.next_expiry()
@@ -1043,8 +1063,6 @@ class Monitor:
         if retiring:
             self._retire_tick(now)  # unlocked: reads and rmdirs take a while
         self._flush_warnings()
-        if self._trash:
-            self._empty_trash()  # unlocked: a tree's rmdirs take a while
         if pool_due is not None and pool_due <= now:
             self._pool.work(now)  # unlocked: mkdirs and writes take a while
         if net_due is not None and net_due <= now:
