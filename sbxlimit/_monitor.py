@@ -371,7 +371,9 @@ class Monitor:
         # namespace held, or -1).
         self._trash: list[tuple[str, int, _workspace.FinalSize | None]] = []
         self._emptying = 0  # threads removing what they took from _trash
-        # Empties _trash (remove_workspace), started at the first.
+        # What a program left in its workspace, removed by the janitor
+        # thread (started at the first), not by the supervisor.
+        self._trees: list[tuple[str, int, _workspace.FinalSize | None]] = []
         self._janitor: threading.Thread | None = None
         self._trash_ready = threading.Event()
         self._pool = Pool()
@@ -787,35 +789,19 @@ class Monitor:
         self, path: str, mounts: int = -1, final_size: _workspace.FinalSize | None = None
     ) -> bool:
         """Remove a closed sandbox's workspace: renamed away now (its path
-        is gone when this returns), its tree removed by the janitor thread,
-        after it lets go of the sandbox's mount namespace (`mounts`, an fd
-        from _namespaces.hold_mounts, or -1), and after it measured
+        is gone when this returns), removed by this thread (or, holding
+        what the program left, by the janitor thread), after it lets go of
+        the sandbox's mount namespace (`mounts`, an fd from
+        _namespaces.hold_mounts, or -1), and after it measured
         `final_size` if nobody asked for it yet.  False if the path is
-        still there (the rename failed, and so did the removal).
-
-        Not the supervisor: a program decides how many files it leaves
-        (a million take seconds to remove), and every other sandbox's
-        timers and kills wait while the supervisor is busy."""
+        still there (the rename failed, and so did the removal)."""
         trash = _workspace.discard(path, final_size)
         if trash is None:
             _namespaces.release_mounts(mounts)
             return not os.path.lexists(path)
         with self._lock:
             self._trash.append((trash, mounts, final_size))
-            start = self._janitor is None
-            if start:
-                self._janitor = threading.Thread(
-                    target=self._janitor_run, name="sbxlimit-janitor", daemon=True
-                )
             wake = self._sleeps_long()
-        if start:
-            assert self._janitor is not None
-            self._janitor.start()
-        # The supervisor hands it to the janitor at its next pass: in a
-        # loop of spawns, while the caller waits for its next child.  At
-        # once, the removal (a mount namespace's teardown first) competes
-        # with the caller's next spawn: subprocess.run beside it took 17%
-        # longer.
         if wake:
             self._wake()
         return True
@@ -825,25 +811,49 @@ class Monitor:
             self._trash_ready.wait()
             self._trash_ready.clear()  # what comes from now on sets it again
             try:
-                self._empty_trash()
+                self._empty_trash(self._trees)
             except Exception:  # never let the janitor die
                 log.exception("sbxlimit janitor: unexpected error")
 
-    def _empty_trash(self) -> None:
+    def _empty_trash(self, which: list[tuple[str, int, _workspace.FinalSize | None]]) -> None:
+        """Remove what `which` (_trash or _trees) holds now."""
         with self._lock:
-            trash, self._trash = self._trash, []
+            trash = which[:]
+            del which[:]
             self._emptying += 1
         try:
-            self._remove_trash(trash)
+            trees = self._remove_trash(trash, bare_only=which is self._trash)
         finally:
             with self._lock:
                 self._emptying -= 1
+                # A program decides how many files it leaves (a million
+                # take seconds to remove): not the supervisor's, whose
+                # timers end every other sandbox.
+                self._trees += trees
+                start = bool(trees) and self._janitor is None
+                if start:
+                    self._janitor = threading.Thread(
+                        target=self._janitor_run, name="sbxlimit-janitor", daemon=True
+                    )
+        if start:
+            assert self._janitor is not None
+            self._janitor.start()
+        if trees:
+            self._trash_ready.set()
 
-    def _remove_trash(self, trash: list[tuple[str, int, _workspace.FinalSize | None]]) -> None:
+    def _remove_trash(
+        self, trash: list[tuple[str, int, _workspace.FinalSize | None]], *, bare_only: bool
+    ) -> list[tuple[str, int, _workspace.FinalSize | None]]:
+        """Remove each workspace; `bare_only`: only those holding nothing
+        but their empty tmp/ (the usual one), the rest returned."""
+        trees = []
         for path, mounts, final_size in trash:
             # Its namespace's teardown first: a workspace still mounted in
             # a live namespace costs its removal an unmount there.
             _namespaces.let_go_of_mounts(mounts)
+            if bare_only and not _workspace.bare(path):
+                trees.append((path, -1, final_size))
+                continue
             if final_size is not None:
                 final_size.get()  # the sandbox's outcome asks for it
             # The usual workspace (its empty tmp/) in one core call, the GIL
@@ -856,6 +866,7 @@ class Monitor:
                 _workspace.forget(path)
             else:
                 _workspace.remove(path)
+        return trees
 
     def _retire_tick(self, now: float) -> bool:
         """Read the retired cgroups' final figures, then remove them; True
@@ -894,19 +905,23 @@ class Monitor:
         self._pool.drain(close=close)
         self._netpool.drain(close=close)
         self._wspool.drain(close=close)
-        self._empty_trash()
+        self._empty_trash(self._trash)
+        self._empty_trash(self._trees)
         end = time.monotonic() + timeout
         while True:
             with self._lock:
                 # Workspaces still to remove, or being removed by the
-                # supervisor (their namespaces let go of first): not gone.
-                trash, emptying = bool(self._trash), self._emptying > 0
+                # supervisor or the janitor (their namespaces let go of
+                # first): not gone.
+                trash = bool(self._trash) or bool(self._trees)
+                emptying = self._emptying > 0
             if not trash and not emptying and self._retire_tick(time.monotonic()):
                 return True
             if time.monotonic() >= end:
                 return False
             if trash:
-                self._empty_trash()
+                self._empty_trash(self._trash)
+                self._empty_trash(self._trees)
             else:
                 time.sleep(0.005)
 
@@ -1072,7 +1087,7 @@ class Monitor:
         if retiring:
             self._retire_tick(now)  # unlocked: reads and rmdirs take a while
         if trash:
-            self._trash_ready.set()  # the janitor's: a tree may take seconds
+            self._empty_trash(self._trash)  # unlocked: rmdirs take a while
         self._flush_warnings()
         if pool_due is not None and pool_due <= now:
             self._pool.work(now)  # unlocked: mkdirs and writes take a while

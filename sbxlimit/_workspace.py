@@ -28,6 +28,7 @@ from ._protected import TTL
 __all__ = [
     "FinalSize",
     "Pool",
+    "bare",
     "create",
     "discard",
     "forget",
@@ -256,6 +257,18 @@ class FinalSize(Once[int]):
 
     def _measure(self) -> int:
         return size(self.path)
+
+
+def bare(path: str) -> bool:
+    """Nothing in it but its empty tmp/ (the usual workspace at the end)."""
+    try:
+        with os.scandir(path) as it:
+            if [e.name for e in it] != ["tmp"]:
+                return False
+        with os.scandir(os.path.join(path, "tmp")) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
 
 
 def size(path: str) -> int:
