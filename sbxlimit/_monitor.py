@@ -162,6 +162,7 @@ class Watch:
         "recheck",
         "sampled_at",
         "sigkill_at",
+        "sizing",
         "start",
         "swept",
         "tasks_now",
@@ -199,6 +200,7 @@ class Watch:
         self.disk = disk
         self.disk_ends = disk_ends  # past the limit ends the sandbox (else: warnings only)
         self.disk_used = 0
+        self.sizing = False  # the sizer thread is measuring it
         self.warn_disk: int | None = None  # bytes: one resource_warning past them
         self.on_exit: Any = None  # called (monitor thread) when the leader exits
         # (threshold, limit, mechanism): one resource_warning audit event
@@ -371,6 +373,11 @@ class Monitor:
         # namespace held, or -1).
         self._trash: list[tuple[str, int, _workspace.FinalSize | None]] = []
         self._emptying = 0  # threads removing what they took from _trash
+        # Workspaces to measure (Watch, path, limit), by the sizer thread
+        # (started at the first): a walk as long as the program makes it.
+        self._sizes: list[tuple[Watch, str, int]] = []
+        self._sizer: threading.Thread | None = None
+        self._size_ready = threading.Event()
         # What a program left in its workspace, removed by the janitor
         # thread (started at the first), not by the supervisor.
         self._trees: list[tuple[str, int, _workspace.FinalSize | None]] = []
@@ -712,9 +719,42 @@ class Monitor:
                 used = _workspace.tmpfs_usage(path)[0]
             except OSError:  # closed by close(): nothing left to watch
                 return
-            mech = "tmpfs:size"
-        else:
-            used, mech = _workspace.size(path), "watchdog:disk"
+            self._disk_used(w, used, limit, "tmpfs:size")
+            return
+        # A tree's size is a walk as long as the program makes it (empty
+        # files cost no blocks: a million of them fit any limit).  Not
+        # here, where every sandbox's timers wait: the sizer thread walks
+        # it, and judges what it found when it is done.
+        if w.sizing:
+            return
+        w.sizing = True
+        self._sizes.append((w, path, limit))
+        if self._sizer is None:
+            self._sizer = threading.Thread(
+                target=self._sizer_run, name="sbxlimit-sizer", daemon=True
+            )
+            self._sizer.start()
+        self._size_ready.set()
+
+    def _sizer_run(self) -> None:
+        while True:
+            self._size_ready.wait()
+            self._size_ready.clear()  # what comes from now on sets it again
+            try:
+                with self._lock:
+                    todo, self._sizes = self._sizes, []
+                for w, path, limit in todo:
+                    used = _workspace.size(path)
+                    with self._lock:
+                        w.sizing = False
+                        if not w.done:
+                            self._disk_used(w, used, limit, "watchdog:disk")
+                self._flush_warnings()
+            except Exception:  # never let the sizer die
+                log.exception("sbxlimit sizer: unexpected error")
+
+    def _disk_used(self, w: Watch, used: int, limit: int, mech: str) -> None:
+        """Judge a sample of the workspace's size (lock held)."""
         w.disk_used = max(w.disk_used, used)
         if used >= limit:
             w.hits.add("disk")

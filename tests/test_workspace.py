@@ -262,6 +262,42 @@ def test_a_workspace_of_many_files_does_not_delay_other_sandboxes_kills(monkeypa
     assert os.path.isdir(trash), "the other sandbox was ended only after the removal"
 
 
+def test_a_long_walk_of_a_workdir_s_size_does_not_delay_other_sandboxes_kills(
+    monkeypatch, tmp_path
+):
+    # Without a tmpfs, `disk` is held by walking the workdir: as long as
+    # the program makes it (empty files cost no blocks; a million fit any
+    # limit).  The sizer thread walks, not the supervisor: here a walk
+    # held for 10 s, and another sandbox's wall_time is still enforced.
+    from sbxlimit import _workspace
+
+    real, entered, release = _workspace.size, threading.Event(), threading.Event()
+    walked_out = threading.Event()
+
+    def slow(path):
+        if path == str(tmp_path) and not walked_out.is_set():
+            entered.set()
+            release.wait(10)
+            walked_out.set()
+        return real(path)
+
+    monkeypatch.setattr(_workspace, "size", slow)
+    policy = Policy(workdir=str(tmp_path), protect_dotfiles=False)
+    with sbxlimit.Popen(
+        ["sleep", "30"], limits=Limits(disk="1Gi"), policy=policy, sample_interval="20ms"
+    ) as walked:
+        try:
+            assert entered.wait(10), "the workdir was never measured"
+            other = sbxlimit.run(
+                ["sleep", "30"], limits=Limits(wall_time="0.3s"), sample_interval="20ms"
+            )
+            assert other.termination.reason == "wall_time"
+            assert not walked_out.is_set(), "the other sandbox was ended only after the walk"
+        finally:
+            release.set()
+            walked.kill_tree(grace=0)
+
+
 def test_a_workspace_made_ahead_is_the_sandboxs_own():
     # After a first private workspace the supervisor keeps some ready (id
     # 0); the next sandbox takes one, renamed for it: 0700, empty but for
