@@ -317,6 +317,35 @@ class Watch:
         return None
 
 
+class _Worker:
+    """A daemon thread, started at the first wake(), that runs `work`
+    each time it is woken: for what a program can make long (a walk, a
+    removal), off the supervisor's thread, whose timers end every
+    sandbox."""
+
+    def __init__(self, name: str, work: Callable[[], None]) -> None:
+        self._name, self._work = name, work
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def wake(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self._ready.set()
+
+    def _run(self) -> None:
+        while True:
+            self._ready.wait()
+            self._ready.clear()  # a wake from now on sets it again
+            try:
+                self._work()
+            except Exception:  # never let the thread die
+                log.exception("%s: unexpected error", self._name)
+
+
 class Monitor:
     """The supervisor thread and its state; one per process (get_monitor)."""
 
@@ -376,13 +405,11 @@ class Monitor:
         # Workspaces to measure (Watch, path, limit), by the sizer thread
         # (started at the first): a walk as long as the program makes it.
         self._sizes: list[tuple[Watch, str, int]] = []
-        self._sizer: threading.Thread | None = None
-        self._size_ready = threading.Event()
+        self._sizer = _Worker("sbxlimit-sizer", self._measure_sizes)
         # What a program left in its workspace, removed by the janitor
         # thread (started at the first), not by the supervisor.
         self._trees: list[tuple[str, int, _workspace.FinalSize | None]] = []
-        self._janitor: threading.Thread | None = None
-        self._trash_ready = threading.Event()
+        self._janitor = _Worker("sbxlimit-janitor", lambda: self._empty_trash(self._trees))
         self._pool = Pool()
         self._netpool = NetPool()
         self._wspool = _workspace.Pool()
@@ -729,29 +756,19 @@ class Monitor:
             return
         w.sizing = True
         self._sizes.append((w, path, limit))
-        if self._sizer is None:
-            self._sizer = threading.Thread(
-                target=self._sizer_run, name="sbxlimit-sizer", daemon=True
-            )
-            self._sizer.start()
-        self._size_ready.set()
+        self._sizer.wake()
 
-    def _sizer_run(self) -> None:
-        while True:
-            self._size_ready.wait()
-            self._size_ready.clear()  # what comes from now on sets it again
-            try:
-                with self._lock:
-                    todo, self._sizes = self._sizes, []
-                for w, path, limit in todo:
-                    used = _workspace.size(path)
-                    with self._lock:
-                        w.sizing = False
-                        if not w.done:
-                            self._disk_used(w, used, limit, "watchdog:disk")
-                self._flush_warnings()
-            except Exception:  # never let the sizer die
-                log.exception("sbxlimit sizer: unexpected error")
+    def _measure_sizes(self) -> None:
+        """The sizer thread's: walk each workspace asked for, then judge."""
+        with self._lock:
+            todo, self._sizes = self._sizes, []
+        for w, path, limit in todo:
+            used = _workspace.size(path)
+            with self._lock:
+                w.sizing = False
+                if not w.done:
+                    self._disk_used(w, used, limit, "watchdog:disk")
+        self._flush_warnings()
 
     def _disk_used(self, w: Watch, used: int, limit: int, mech: str) -> None:
         """Judge a sample of the workspace's size (lock held)."""
@@ -846,15 +863,6 @@ class Monitor:
             self._wake()
         return True
 
-    def _janitor_run(self) -> None:
-        while True:
-            self._trash_ready.wait()
-            self._trash_ready.clear()  # what comes from now on sets it again
-            try:
-                self._empty_trash(self._trees)
-            except Exception:  # never let the janitor die
-                log.exception("sbxlimit janitor: unexpected error")
-
     def _empty_trash(self, which: list[tuple[str, int, _workspace.FinalSize | None]]) -> None:
         """Remove what `which` (_trash or _trees) holds now."""
         with self._lock:
@@ -870,16 +878,8 @@ class Monitor:
                 # take seconds to remove): not the supervisor's, whose
                 # timers end every other sandbox.
                 self._trees += trees
-                start = bool(trees) and self._janitor is None
-                if start:
-                    self._janitor = threading.Thread(
-                        target=self._janitor_run, name="sbxlimit-janitor", daemon=True
-                    )
-        if start:
-            assert self._janitor is not None
-            self._janitor.start()
         if trees:
-            self._trash_ready.set()
+            self._janitor.wake()
 
     def _remove_trash(
         self, trash: list[tuple[str, int, _workspace.FinalSize | None]], *, bare_only: bool
