@@ -921,8 +921,9 @@ class Sandbox:
             if self.ws_fd >= 0:
                 self.disk, self.disk_full = _workspace.tmpfs_usage(self.ws_fd)
             elif self.workspace is not None and self.closed_at_reap:
-                # Measured when someone asks, or by the supervisor right
-                # before it removes the workspace: off the caller's path.
+                # Measured when someone asks, or right before the workspace
+                # is removed (by the supervisor, or the janitor for a tree
+                # its program left): off the caller's path.
                 self.disk_size = _workspace.FinalSize(self.workspace)
             else:
                 disk_path = self.disk_path()
@@ -1124,8 +1125,8 @@ class Sandbox:
                 _namespaces.release_mounts(self.mnt_hold)
                 self.mnt_hold = -1
             else:
-                # Gone from its path now; its tree is removed by the
-                # supervisor, off the caller's path.
+                # Gone from its path now; it is removed by the supervisor
+                # (or the janitor, for a tree), off the caller's path.
                 hold, self.mnt_hold = self.mnt_hold, -1
                 # Removal is best effort: say what is true.
                 self.workspace_removed = get_monitor().remove_workspace(ws, hold, self.disk_size)
