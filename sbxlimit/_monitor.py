@@ -117,6 +117,22 @@ def signal_tree(pid: int, sig: int, pgid: int, cgroup: Cgroup | None = None) -> 
             pass
 
 
+def _armed(w: Watch) -> bool:
+    """Installing `w` opens and reads nothing: no cgroup, or one armed
+    ahead for what `w` watches (Cgroup.arm), and no v1 memory warning
+    (its threshold is the sandbox's own)."""
+    cg = w.cgroup
+    if cg is None:
+        return True
+    if w.warn_memory is not None and cg.site.version == 1:
+        return False
+    return all(
+        field in cg.armed or cg.counter_file(field) in cg.baselines
+        for field, _limit, _mech in w.cg_ends
+        if field in ("memory", "pids")
+    )
+
+
 def leader_exited(pid: int) -> bool:
     """True once `pid` (our child) has exited; it is not reaped."""
     try:
@@ -368,6 +384,8 @@ class Monitor:
         # epoll_ctl is safe from any thread: spawning threads register.
         self._exits: Any = select.epoll() if _HAS_PIDFD else None
         self._by_pidfd: dict[int, Watch] = {}
+        # Watches register() left to this thread to install: watch -> timers.
+        self._pending: dict[Watch, bool] = {}
         # Deadlines and samples: (due, seq, watch); an entry is live while
         # its due equals watch.heap_at (lazy deletion).
         self._heap: list[tuple[float, int, Watch]] = []
@@ -428,13 +446,39 @@ class Monitor:
         `exit`, its leader's exit, to end what it leaves behind at once
         (a leftover holding an output pipe would keep readers waiting).
         The caller then calls settle(), which wakes the thread if it must
-        look at the watch sooner than it planned."""
+        look at the watch sooner than it planned.
+
+        What the kernel reports was opened and read ahead (Cgroup.arm), or
+        there is no cgroup: the thread itself installs the watch at its
+        next pass, which comes before anything of it is due; most
+        sandboxes end before that pass, and then cost the caller nothing
+        more (unregister).  Else it is installed here, as it opens and
+        reads now what must be read before the program runs."""
         pidfd = -1
         if exit and self._exits is not None:
             try:
+                # Here, not at the pass: the caller may reap the pid by then.
                 pidfd = os.pidfd_open(w.pid)
             except OSError:
                 pidfd = -1
+        w.pidfd = pidfd
+        if not _armed(w):
+            events, reads, firsts = self._prepare(w, timers)
+            with self._lock:
+                wake = self._install(w, timers, events, reads, firsts)
+        else:
+            with self._lock:
+                self._pending[w] = timers
+                wake = w.due() < self._sleep_until
+                wake = wake or (pidfd >= 0 and self._sleep_until > w.start + _EXIT_POLL)
+        if wake:
+            self._owed = True  # the caller's settle() wakes the thread
+
+    def _prepare(
+        self, w: Watch, timers: bool
+    ) -> tuple[list[tuple[int, str]], list[tuple[str, str]], list[bytes]]:
+        """What installing `w` opens and reads: its cgroup's event fds, the
+        counter files no event covers, and their first contents."""
         events: list[tuple[int, str]] = []
         reads: list[tuple[str, str]] = []
         if timers and w.cgroup is not None:
@@ -442,51 +486,65 @@ class Monitor:
         # A cgroup armed ahead read them while still empty (Cgroup.arm).
         base = w.cgroup.baselines if w.cgroup is not None else {}
         firsts = [base.pop(path, b"") or read_quiet(path) for path, _f in reads]
+        return events, reads, firsts
+
+    def _install(
+        self,
+        w: Watch,
+        timers: bool,
+        events: list[tuple[int, str]],
+        reads: list[tuple[str, str]],
+        firsts: list[bytes],
+    ) -> bool:
+        """(Lock held.)  Put `w` where the thread looks; True if the thread
+        must look sooner than it planned."""
         wake = False
-        with self._lock:
-            for fd, field in events:
-                w.event_fds.append(fd)
-                if field != "eventfd":
-                    self._event_idents[fd] = fd_ident(fd)
-                self._by_event[fd] = (w, field)
-                mask = select.EPOLLIN if field == "eventfd" else select.EPOLLPRI
-                self._events.register(fd, mask)
-            if reads:
-                assert w.cgroup is not None
-                gate = w.cgroup.cpu_gate()
-                if gate is not None:
-                    self._gates.setdefault(gate, b"")
-                batch = self._reads.setdefault(gate, {})
-                for (path, field), first in zip(reads, firsts, strict=True):
-                    batch[path] = (w, first, field)
-                    self._read_gate[path] = gate
-                    w.read_paths.append(path)
-                self._read_every = min(self._read_every, w.interval)
-                first_read = next_sample(w.start, w.interval)
-                self._read_at = min(self._read_at, first_read)
-                # This watch's own first read decides: an earlier one already
-                # woke the thread (its pass may not have begun yet).
-                wake = wake or first_read < self._sleep_until
-            if timers:
-                self._watches.add(w)
-                if w.tree_cache is not None and w.next_sample is not None:
-                    w.swept = True
-                    group = self._sweeps.get(w.interval)
-                    if group is None:
-                        at = next_sample(time.monotonic(), w.interval)
-                        group = self._sweeps[w.interval] = ({}, [at])
-                        wake = wake or at < self._sleep_until
-                    group[0][w] = None
-                self._schedule(w)
-                wake = wake or w.due() < self._sleep_until
-            if pidfd >= 0:
-                w.pidfd = pidfd
-                self._by_pidfd[pidfd] = w
-                wake = wake or self._sleep_until > w.start + _EXIT_POLL
-        if pidfd >= 0:
-            self._exits.register(pidfd, select.EPOLLIN)
-        if wake:
-            self._owed = True  # the caller's settle() wakes the thread
+        for fd, field in events:
+            w.event_fds.append(fd)
+            if field != "eventfd":
+                self._event_idents[fd] = fd_ident(fd)
+            self._by_event[fd] = (w, field)
+            mask = select.EPOLLIN if field == "eventfd" else select.EPOLLPRI
+            self._events.register(fd, mask)
+        if reads:
+            assert w.cgroup is not None
+            gate = w.cgroup.cpu_gate()
+            if gate is not None:
+                self._gates.setdefault(gate, b"")
+            batch = self._reads.setdefault(gate, {})
+            for (path, field), first in zip(reads, firsts, strict=True):
+                batch[path] = (w, first, field)
+                self._read_gate[path] = gate
+                w.read_paths.append(path)
+            self._read_every = min(self._read_every, w.interval)
+            first_read = next_sample(w.start, w.interval)
+            self._read_at = min(self._read_at, first_read)
+            # This watch's own first read decides: an earlier one already
+            # woke the thread (its pass may not have begun yet).
+            wake = first_read < self._sleep_until
+        if timers:
+            self._watches.add(w)
+            if w.tree_cache is not None and w.next_sample is not None:
+                w.swept = True
+                group = self._sweeps.get(w.interval)
+                if group is None:
+                    at = next_sample(time.monotonic(), w.interval)
+                    group = self._sweeps[w.interval] = ({}, [at])
+                    wake = wake or at < self._sleep_until
+                group[0][w] = None
+            self._schedule(w)
+            wake = wake or w.due() < self._sleep_until
+        if w.pidfd >= 0:
+            self._by_pidfd[w.pidfd] = w
+            self._exits.register(w.pidfd, select.EPOLLIN)
+            wake = wake or self._sleep_until > w.start + _EXIT_POLL
+        return wake
+
+    def _close_pidfd(self, w: Watch) -> None:
+        # (Lock held.)  One never given to the epoll (a pending watch's).
+        if w.pidfd >= 0 and w.pidfd not in self._by_pidfd:
+            os.close(w.pidfd)
+            w.pidfd = -1
 
     def _open_events(self, w: Watch) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
         """The cgroup's event fds for what the kernel reports, and the
@@ -540,6 +598,10 @@ class Monitor:
 
     def unregister(self, w: Watch) -> None:
         with self._lock:
+            if self._pending.pop(w, None) is not None:
+                w.done = True  # never installed: nothing else to undo
+                self._close_pidfd(w)
+                return
             self._watches.discard(w)
             self._unschedule(w)
             w.done = True
@@ -1067,6 +1129,14 @@ class Monitor:
     def _loop_once(self) -> None:
         self.wakeups += 1
         with self._lock:
+            # What register() left: armed ahead, so opening and reading
+            # nothing here (_armed); before the due time is computed.
+            pending, self._pending = self._pending, {}
+            for w, timers in pending.items():
+                if w.done:  # unregistered meanwhile
+                    self._close_pidfd(w)
+                else:
+                    self._install(w, timers, *self._prepare(w, timers))
             new, self._new_pumps = self._new_pumps, []
             now = time.monotonic()
             due = min(self._next_due(), self._read_at)
@@ -1147,6 +1217,12 @@ class Monitor:
             owned.update(p.idents)
         for fd in list(self._by_pidfd):
             owned[fd] = "pidfd"
+        for w in list(self._pending):  # not installed yet: their fds as installed ones'
+            if w.pidfd >= 0:
+                owned[w.pidfd] = "pidfd"
+            if w.cgroup is not None:
+                events = {fd for fd, _f in w.cgroup.events}
+                owned.update((fd, i) for fd, i in w.cgroup.owned_fds().items() if fd in events)
         for fd in self._netpool.owned():
             owned[fd] = "net"
         owned.update(self._pool.owned())  # ready cgroups' dirfds, join files, event fds
@@ -1158,7 +1234,8 @@ class Monitor:
         # written, a counter read, in a core call): any file in a cgroup
         # directory of ours.
         dirs = self._pool.dirs()
-        for cg in [*self._retiring, *(w.cgroup for w in list(self._watches) if w.cgroup)]:
+        watched = [*self._watches, *self._pending]
+        for cg in [*self._retiring, *(w.cgroup for w in watched if w.cgroup)]:
             dirs.update(cg.dirs.values())
         if dirs:
             _close_files_in(dirs, keep=set(owned))

@@ -8,6 +8,7 @@ kills and refused forks; the supervisor's wake-ups are counted, never timed.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import time
 import pytest
 
 import sbxlimit
+from sbxlimit._cgpool import _watched
 from sbxlimit._cgroup import discover
 from sbxlimit._monitor import get_monitor
 
@@ -301,3 +303,78 @@ def test_a_fast_allocating_tree_is_ended_within_the_stated_bound():
     t = r.termination
     assert t.reason == "memory", t
     assert limit < t.observed <= 4 * limit, t
+
+
+# -- the registration: the supervisor's thread installs what was armed ahead --
+
+
+def _warm_pool(limits: dict[str, object]) -> None:
+    """A cgroup made and armed ahead for `limits`, a memory limit (the
+    first sandbox of a kind makes its own; the supervisor then keeps the
+    next one ready)."""
+    sbxlimit.run(["true"], limits=limits)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pool = get_monitor()._pool
+        with pool._lock:
+            ready = pool._ready.items()
+            if any(cgs and "memory" in _watched(settings) for (_s, settings), cgs in ready):
+                return
+        time.sleep(0.02)
+    pytest.fail("the supervisor made no cgroup ahead")
+
+
+def test_a_watch_armed_ahead_is_installed_by_the_supervisor_and_enforced(monkeypatch, caplog):
+    # The caller leaves the watch to the supervisor's thread, which must
+    # install it before anything of it is due: the wall_time still ends
+    # the sandbox, and an OOM kill at once is still the verdict.
+    _needs("memory")
+    import logging
+    import threading
+
+    # No audit listener: no memory warning, whose v1 threshold is the
+    # sandbox's own (installed by the caller).
+    caplog.set_level(logging.WARNING, "sbxlimit.audit")
+
+    from sbxlimit._monitor import Monitor
+
+    installers: list[str] = []
+    real = Monitor._install
+
+    def install(self, w, *a):
+        installers.append(threading.current_thread().name)
+
+        return real(self, w, *a)
+
+    monkeypatch.setattr(Monitor, "_install", install)
+    limits = {"memory": "64Mi", "wall_time": 0.5}
+    _warm_pool(limits)
+    installers.clear()
+    r = sbxlimit.run(["sleep", "30"], limits=limits)
+    assert r.termination.reason == "wall_time", r.termination
+    assert installers == ["sbxlimit-monitor"], installers
+    _warm_pool(limits)
+    code = "b = bytearray(256 << 20); import time; time.sleep(30)"
+    r = sbxlimit.run([sys.executable, "-c", code], limits=limits, sample_interval=60)
+    assert r.termination.reason == "memory", r.termination
+
+
+def test_sandboxes_that_end_before_the_supervisor_looks_leave_nothing():
+    # Never installed: each one's pidfd (output read: the exit is watched)
+    # is closed at its end, and nothing of it stays with the supervisor.
+    _needs("memory")
+    limits = {"memory": "64Mi", "wall_time": 60}
+    _warm_pool(limits)
+    before = set(os.listdir("/proc/self/fd"))
+    for _ in range(30):
+        r = sbxlimit.run(["echo", "hi"], limits=limits, capture_output=True)
+        assert r.stdout == b"hi\n"
+    mon = get_monitor()
+    assert mon.drain(5)
+    deadline = time.monotonic() + 5
+    while mon._by_pidfd and time.monotonic() < deadline:
+        time.sleep(0.02)  # those installed: closed at the thread's exit poll
+    with mon._lock:
+        assert not mon._pending and not mon._by_pidfd and not mon._watches
+    left = set(os.listdir("/proc/self/fd")) - before
+    assert not left, {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in left if fd.isdigit()}
