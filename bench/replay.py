@@ -33,6 +33,7 @@ TRUE = shutil.which("true") or "/bin/true"
 # _core.spawn's arguments that are fds the core consumes (see _core.pyi).
 CLOSE_AFTER, LANDLOCK_FD, NS, CG_DIRFD, CG_PROCS = 9, 23, 24, 25, 26
 NS_NETNS = 14
+MNT_NS_ASK = -2  # _core.MNT_NS_ASK
 
 
 class Capture:
@@ -99,11 +100,11 @@ class Capture:
             ns = list(a[NS])
             ns[NS_NETNS] = fresh.get(ns[NS_NETNS], ns[NS_NETNS])
             a[NS] = tuple(ns)
-        pid, failure, _how = self.real(*a)
+        pid, failure, _how, mnt_ns = self.real(*a)
         if failure is not None:
             raise RuntimeError(f"replay failed: {failure}")
-        hold = -1
-        if a[NS]:
+        hold = mnt_ns if mnt_ns >= 0 else -1  # as sbxlimit holds it (_namespaces.hold_mounts)
+        if a[NS] and mnt_ns == MNT_NS_ASK:
             try:
                 hold = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             except OSError:

@@ -311,11 +311,15 @@ PyDoc_STRVAR(spawn_doc,
              "      cgroup_procs, preexec_fn, fail_step, fail_errno, /)\n"
              "--\n\n"
              "Start a child as described and wait until it has exec'd or failed.\n"
-             "exec_paths None: fork, set up, and return (0, None, 0) in the child.\n"
-             "The fds in close_after are closed before returning, in every case.\n"
-             "Returns (pid, None, how), or (pid, (step, errno, detail, wait_status),\n"
-             "how) when the child failed at `step` (it is reaped by then); how is\n"
-             "the HOW_* bit set of the clone that made it.  Raises OSError only\n"
+             "exec_paths None: fork, set up, and return (0, None, 0, MNT_NS_ASK) in\n"
+             "the child.  The fds in close_after are closed before returning, in\n"
+             "every case.  Returns (pid, None, how, mnt_ns), or (pid, (step, errno,\n"
+             "detail, wait_status), how, MNT_NS_ASK) when the child failed at `step`\n"
+             "(it is reaped by then); how is the HOW_* bit set of the clone that made\n"
+             "it.  mnt_ns, for a child with a mount namespace of its own: an fd\n"
+             "holding that namespace (the caller's to close), -1 if the child is\n"
+             "gone already, MNT_NS_ASK if the caller must open /proc/<pid>/ns/mnt.\n"
+             "Raises OSError only\n"
              "for parent-side failures (pipe, clone).  Positional for speed: this is\n"
              "the hot path; sbxlimit/_core.pyi names every argument.");
 
@@ -532,7 +536,7 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         saved_errno = errno;
         if (rc == 0 && child.pid == 0) { /* fork_only: we are the child */
             PyOS_AfterFork_Child();
-            result = Py_BuildValue("(iOi)", 0, Py_None, 0);
+            result = Py_BuildValue("(iOii)", 0, Py_None, 0, SBX_MNT_NS_ASK);
             goto done;
         }
         PyOS_AfterFork_Parent();
@@ -550,12 +554,16 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_spawn");
         goto done;
     }
-    if (rc == 0)
-        result = Py_BuildValue("(iOi)", (int)child.pid, Py_None, child.how);
-    else
-        result = Py_BuildValue("(i(siLi)i)", (int)child.pid,
-                               sbx_step_name(cerr.step) ? sbx_step_name(cerr.step) : "none",
-                               (int)cerr.err, (long long)cerr.detail, status, child.how);
+    if (rc == 0) {
+        result = Py_BuildValue("(iOii)", (int)child.pid, Py_None, child.how, child.mnt_ns);
+        if (result == NULL && child.mnt_ns >= 0)
+            close(child.mnt_ns);
+    } else {
+        result =
+            Py_BuildValue("(i(siLi)ii)", (int)child.pid,
+                          sbx_step_name(cerr.step) ? sbx_step_name(cerr.step) : "none",
+                          (int)cerr.err, (long long)cerr.detail, status, child.how, SBX_MNT_NS_ASK);
+    }
 done:
     close_all(closing, n_closing);
     PyMem_Free(closing);
@@ -1388,6 +1396,7 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "HOW_VM", SBX_HOW_VM) < 0 ||
         PyModule_AddIntConstant(m, "HOW_CLONE3", SBX_HOW_CLONE3) < 0 ||
         PyModule_AddIntConstant(m, "HOW_INTO_CGROUP", SBX_HOW_INTO_CGROUP) < 0 ||
+        PyModule_AddIntConstant(m, "MNT_NS_ASK", SBX_MNT_NS_ASK) < 0 ||
         PyModule_AddIntConstant(m, "FS_MKDIR", SBX_FS_MKDIR) < 0 ||
         PyModule_AddIntConstant(m, "FS_RMDIR", SBX_FS_RMDIR) < 0 ||
         PyModule_AddIntConstant(m, "FS_WRITE", SBX_FS_WRITE) < 0 ||

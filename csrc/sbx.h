@@ -230,7 +230,17 @@ struct sbx_child {
     pid_t pid;
     int errpipe;
     int how; /* SBX_HOW_* */
+    /* Linux, a child with a mount namespace of its own (CLONE_NEWNS) made
+     * by clone3: its pidfd until sbx_spawn_finish, which turns it into
+     * mnt_ns.  -1 otherwise. */
+    int pidfd;
+    /* After sbx_spawn_finish: an fd holding the running child's mount
+     * namespace (PIDFD_GET_MNT_NAMESPACE, Linux 6.11), -1 when the child
+     * is gone already, SBX_MNT_NS_ASK when it could not be asked so (the
+     * caller opens /proc/<pid>/ns/mnt). */
+    int mnt_ns;
 };
+#define SBX_MNT_NS_ASK (-2)
 
 /* Create the child.  With spec->fork_only, returns 0 in both processes, with
  * child->pid == 0 in the child (see fork_only).

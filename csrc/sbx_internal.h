@@ -14,6 +14,7 @@ struct sbx_child_ctx {
     sigset_t saved_mask; /* the spawning thread's mask, restored before exec */
     int vforked;         /* sharing the parent's memory until exec */
     int how;             /* SBX_HOW_* of the clone that made the child */
+    int pidfd;           /* clone3's CLONE_PIDFD (a mount namespace to hold), or -1 */
     /* A PID namespace's target runs this (no return): the setup after the
      * namespaces, then exec (spawn.c). */
     void (*target_main)(const struct sbx_child_ctx *ctx);

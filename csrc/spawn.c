@@ -32,6 +32,7 @@
 
 #ifdef __linux__
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <sys/prctl.h>
 #endif
@@ -362,6 +363,9 @@ static int stack_cached(void *stack)
 #ifndef CLONE_INTO_CGROUP
 #define CLONE_INTO_CGROUP 0x200000000ULL
 #endif
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x1000
+#endif
 
 /* Cleared the first time the kernel (or a seccomp filter, as Docker's
  * default profile does) refuses clone3 itself. */
@@ -390,6 +394,15 @@ static pid_t clone_vm_child(struct sbx_child_ctx *ctx, void *stack)
 
         memset(&ca, 0, sizeof ca);
         ca.flags = CLONE_VM | CLONE_VFORK | CLONE_CLEAR_SIGHAND | pid1;
+#ifdef __linux__
+        if (spec->ns_flags & CLONE_NEWNS) {
+            /* A pidfd for nothing: asked through it, the kernel gives the
+             * mount namespace the caller holds until the reap, without a
+             * lookup of /proc/<pid> (sbx_spawn_finish). */
+            ca.flags |= CLONE_PIDFD;
+            ca.pidfd = (uint64_t)(uintptr_t)&ctx->pidfd;
+        }
+#endif
         ca.exit_signal = SIGCHLD;
         ca.stack = (uint64_t)(uintptr_t)stack;
         ca.stack_size = SBX_CHILD_STACK;
@@ -415,6 +428,7 @@ static pid_t clone_vm_child(struct sbx_child_ctx *ctx, void *stack)
         }
         __atomic_store_n(&clone3_usable, 0, __ATOMIC_RELAXED);
     }
+    ctx->pidfd = -1;
     ctx->how = SBX_HOW_VM | how_pid1;
     /* Stacks grow down on every architecture Linux runs us on. */
     pid = clone(child_entry, (char *)stack + SBX_CHILD_STACK,
@@ -476,6 +490,9 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
 
     memset(&ctx, 0, sizeof ctx);
     ctx.spec = spec;
+    ctx.pidfd = -1;
+    child->pidfd = -1;
+    child->mnt_ns = SBX_MNT_NS_ASK;
     /* Here, not in the child: its rlimits lower RLIMIT_NOFILE first. */
     if (spec->close_fds && !spec->fork_only)
         ctx.fd_top = sbx_fds_top();
@@ -572,7 +589,32 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child)
     child->pid = pid;
     child->errpipe = pipefd[0];
     child->how = ctx.how;
+    child->pidfd = ctx.pidfd;
     return 0;
+}
+
+#ifndef PIDFD_GET_MNT_NAMESPACE
+#define PIDFD_GET_MNT_NAMESPACE _IO(0xFF, 3) /* linux/pidfd.h, Linux 6.11 */
+#endif
+
+/* The exec'd child's mount namespace, through its pidfd (closed here). */
+static void take_mnt_ns(struct sbx_child *child)
+{
+    int fd;
+
+    if (child->pidfd < 0)
+        return;
+#ifdef __linux__
+    fd = ioctl(child->pidfd, PIDFD_GET_MNT_NAMESPACE, 0);
+    if (fd >= 0)
+        child->mnt_ns = fd;
+    else if (errno == ESRCH)
+        child->mnt_ns = -1; /* exited: its namespace is gone with it */
+#else
+    (void)fd;
+#endif
+    close(child->pidfd);
+    child->pidfd = -1;
 }
 
 int sbx_spawn_finish(struct sbx_child *child, struct sbx_child_error *err, int *status)
@@ -592,6 +634,10 @@ int sbx_spawn_finish(struct sbx_child *child, struct sbx_child_error *err, int *
              * running that nobody knows about. */
             close(child->errpipe);
             child->errpipe = -1;
+            if (child->pidfd >= 0) {
+                close(child->pidfd);
+                child->pidfd = -1;
+            }
             kill(child->pid, SIGKILL);
             do {
                 r = waitpid(child->pid, status, 0);
@@ -605,8 +651,14 @@ int sbx_spawn_finish(struct sbx_child *child, struct sbx_child_error *err, int *
     }
     close(child->errpipe);
     child->errpipe = -1;
-    if (got == 0)
+    if (got == 0) {
+        take_mnt_ns(child);
         return 0;
+    }
+    if (child->pidfd >= 0) {
+        close(child->pidfd);
+        child->pidfd = -1;
+    }
     if (got != sizeof *err) {
         err->step = SBX_STEP_NONE;
         err->err = EIO;

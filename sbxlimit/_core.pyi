@@ -37,6 +37,7 @@ VIEW_MAX_RW: int
 HOW_VM: int
 HOW_CLONE3: int
 HOW_INTO_CGROUP: int
+MNT_NS_ASK: int
 FS_MKDIR: int
 FS_RMDIR: int
 FS_WRITE: int
@@ -95,7 +96,7 @@ def spawn(
     fail_step: int,
     fail_errno: int,
     /,
-) -> tuple[int, tuple[str, int, int, int] | None, int]: ...
+) -> tuple[int, tuple[str, int, int, int] | None, int, int]: ...
 def seccomp_program(what: int, caller: int, caller_pgid: int, /) -> bytes: ...
 def tree_sample(
     pid: int, skip_root: bool = False, cache: bytearray | None = None, /

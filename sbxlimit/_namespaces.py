@@ -595,12 +595,20 @@ _dropping: queue.SimpleQueue[int | threading.Event] | None = None
 _dropping_pid = 0
 
 
-def hold_mounts(pid: int) -> int:
+_ASK = getattr(_core, "MNT_NS_ASK", -2)
+
+
+def hold_mounts(pid: int, fd: int = _ASK) -> int:
     """An fd that keeps `pid`'s mount namespace, or -1 (gone already: its
-    exit tore the namespace down; the fd table three quarters full)."""
-    try:
-        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    exit tore the namespace down; the fd table three quarters full).  `fd`:
+    the one the core got through the child's pidfd (_core.spawn), else
+    /proc is asked (older kernels, a child made without clone3)."""
+    if fd == _ASK:
+        try:
+            fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return -1
+    if fd < 0:
         return -1
     if fd >= fd_budget():
         os.close(fd)

@@ -486,7 +486,7 @@ class Sandbox:
             self.start = time.monotonic()
             handed_over()  # the core closes the child's ends from here on
             ours = -1  # and ours (close_after): closed by the core in every case
-            pid, failure, self.how = _core.spawn(
+            pid, failure, self.how, mnt_ns = _core.spawn(
                 exec_paths,
                 args,
                 env_list,
@@ -519,7 +519,7 @@ class Sandbox:
                 fail_errno,
             )
             if failure is None and pid > 0 and p.ns_flags & CLONE_NEWNS:
-                self.mnt_hold = _namespaces.hold_mounts(pid)
+                self.mnt_hold = _namespaces.hold_mounts(pid, mnt_ns)
             if ns is not None and failure is None and pid != 0:
                 if p.proxy_port:
                     self._serve_proxy(ns.receive_listener())

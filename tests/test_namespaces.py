@@ -694,15 +694,35 @@ def test_a_caller_that_ignores_sigchld():
 
 
 @needs_mntns
-def test_the_mount_namespace_is_held_until_the_reap_then_let_go(tmp_path):
+@pytest.mark.parametrize("made_by", ["clone3", "fork"])
+def test_the_mount_namespace_is_held_until_the_reap_then_let_go(tmp_path, monkeypatch, made_by):
     # Held, its teardown leaves the caller's wait (the last process of a
     # namespace would tear it down before its parent learns of the exit);
-    # let go at the reap, by a thread of its own.
-    with sbxlimit.Popen(["sleep", "5"], policy=Policy(workdir=str(tmp_path))) as p:
+    # let go at the reap, by a thread of its own.  A child made by clone3
+    # comes with a pidfd, through which the core asks the kernel for the
+    # namespace (no lookup of /proc/<pid>); a forked one (preexec_fn) is
+    # looked up there.
+    looked_up = []
+    real_open = os.open
+
+    def spy(path, *a, **k):
+        if str(path).endswith("/ns/mnt"):
+            looked_up.append(path)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(os, "open", spy)
+    extra = {"preexec_fn": lambda: None} if made_by == "fork" else {}
+    with sbxlimit.Popen(["sleep", "5"], policy=Policy(workdir=str(tmp_path)), **extra) as p:
+        monkeypatch.setattr(os, "open", real_open)
         fd = p._sbx.mnt_hold
         assert fd >= 0
         held = os.readlink(f"/proc/self/fd/{fd}")
         assert held == os.readlink(f"/proc/{p.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        assert os.get_inheritable(fd) is False
+        if made_by == "fork":
+            assert looked_up == [f"/proc/{p.pid}/ns/mnt"]
+        elif p._sbx.how & _core.HOW_CLONE3:
+            assert looked_up == []
         assert kept_in_a_fork([fd]) == {}  # a fork would keep it as long as it lives
         p.kill()
     assert p._sbx.mnt_hold == -1
