@@ -475,14 +475,15 @@ class Monitor:
             self._owed = True  # the caller's settle() wakes the thread
 
     def _prepare(
-        self, w: Watch, timers: bool
+        self, w: Watch, timers: bool, armed_only: bool = False
     ) -> tuple[list[tuple[int, str]], list[tuple[str, str]], list[bytes]]:
         """What installing `w` opens and reads: its cgroup's event fds, the
-        counter files no event covers, and their first contents."""
+        counter files no event covers, and their first contents (see
+        _open_events for `armed_only`)."""
         events: list[tuple[int, str]] = []
         reads: list[tuple[str, str]] = []
         if timers and w.cgroup is not None:
-            events, reads = self._open_events(w)
+            events, reads = self._open_events(w, armed_only)
         # A cgroup armed ahead read them while still empty (Cgroup.arm).
         base = w.cgroup.baselines if w.cgroup is not None else {}
         firsts = [base.pop(path, b"") or read_quiet(path) for path, _f in reads]
@@ -510,7 +511,13 @@ class Monitor:
             assert w.cgroup is not None
             gate = w.cgroup.cpu_gate()
             if gate is not None:
-                self._gates.setdefault(gate, b"")
+                # Read at the next tick whatever the gate says: the program
+                # may have run (and its counters moved) since the gate was
+                # last read, before this watch was installed.
+                # Read at the next tick whatever the gate says: the program
+                # may have run (and its counters moved) since the gate was
+                # last read, before this watch was installed.
+                self._gates[gate] = b""
             batch = self._reads.setdefault(gate, {})
             for (path, field), first in zip(reads, firsts, strict=True):
                 batch[path] = (w, first, field)
@@ -546,10 +553,15 @@ class Monitor:
             os.close(w.pidfd)
             w.pidfd = -1
 
-    def _open_events(self, w: Watch) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
+    def _open_events(
+        self, w: Watch, armed_only: bool = False
+    ) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
         """The cgroup's event fds for what the kernel reports, and the
         counter files read in batch for the rest of memory and pids; what
-        either covers is no longer sampled on its own."""
+        either covers is no longer sampled on its own.  `armed_only`: the
+        program runs already, and a v1 OOM event registered now would miss
+        those before: only the fds opened ahead, the rest read in batch
+        against what the cgroup read while still empty (_armed)."""
         cg = w.cgroup
         assert cg is not None
         fields = [f for f, _l, _m in w.cg_ends if f in ("memory", "pids")]
@@ -558,7 +570,11 @@ class Monitor:
             warn_at = w.warn_memory[0]
         if not fields and warn_at is None:
             return [], []
-        covered = cg.open_events(fields, warn_at) if self._events is not None else []
+        covered: list[str] = []
+        if self._events is not None and armed_only:
+            covered = [f for f in fields if f in cg.armed]
+        elif self._events is not None:
+            covered = cg.open_events(fields, warn_at)
         reads = []
         for field in fields:
             path = cg.counter_file(field) if field not in covered else None
@@ -1136,7 +1152,7 @@ class Monitor:
                 if w.done:  # unregistered meanwhile
                     self._close_pidfd(w)
                 else:
-                    self._install(w, timers, *self._prepare(w, timers))
+                    self._install(w, timers, *self._prepare(w, timers, armed_only=True))
             new, self._new_pumps = self._new_pumps, []
             now = time.monotonic()
             due = min(self._next_due(), self._read_at)
