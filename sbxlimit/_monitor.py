@@ -710,7 +710,8 @@ class Monitor:
         self._unschedule(w)
         self._drop_events(w)
         if w.cgroup is not None:
-            w.cgroup.kill()
+            # Not until empty: its caller does that at the reap.
+            w.cgroup.kill(until_empty=False)
         elif w.pgid > 0:
             try:
                 os.killpg(w.pgid, signal.SIGKILL)
@@ -1002,7 +1003,10 @@ class Monitor:
                     done.append(cg)
                     log.warning("sbxlimit: cgroup %s still busy; `sbxlimit gc` removes it", cg.name)
                 else:
-                    cg.kill()
+                    # One pass: a freeze that never completes would keep
+                    # this thread, and every other sandbox's timers, for
+                    # seconds at each tick.
+                    cg.kill(until_empty=False)
             with self._lock:
                 for cg in done:
                     del self._retiring[cg]
