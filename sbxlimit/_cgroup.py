@@ -716,11 +716,12 @@ class Cgroup:
             return _kv(self._get("", "cgroup.events")).get("populated", 0) == 1
         return any(_read(os.path.join(d, "cgroup.procs")).strip() for d in self.dirs.values())
 
-    def signal(self, sig: int) -> list[int]:
+    def signal(self, sig: int, *, until_empty: bool = True) -> list[int]:
         """Send `sig` to every process in the cgroup (no escape by setsid or
-        double fork); returns the pids signalled (none listed for SIGKILL)."""
+        double fork); returns the pids signalled (none listed for SIGKILL,
+        which is kill(until_empty=until_empty))."""
         if sig == signal.SIGKILL:
-            self.kill()
+            self.kill(until_empty=until_empty)
             return []
         pids = self.pids()
         for pid in pids:
@@ -750,9 +751,17 @@ class Cgroup:
         if not until_empty:
             # Until a listing shows nothing new: what is killed but still
             # listed is dying (or asleep in the kernel, dying at its wake).
+            # Once something was killed, one more listing a moment later:
+            # a fork already under way when its parent got the SIGKILL
+            # still makes a child, listed only at the fork's end.
             signalled: set[int] = set()
+            looked_again = False
             for _ in range(_QUICK_PASSES):
                 new = set(self.pids()) - signalled
+                if not new and signalled and not looked_again:
+                    looked_again = True
+                    time.sleep(0.001)
+                    continue
                 if not new:
                     return
                 for pid in new:

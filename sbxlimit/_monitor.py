@@ -95,13 +95,16 @@ class _Dispatch:
         self.on_event = on_event
 
 
-def signal_tree(pid: int, sig: int, pgid: int, cgroup: Cgroup | None = None) -> None:
+def signal_tree(
+    pid: int, sig: int, pgid: int, cgroup: Cgroup | None = None, *, until_empty: bool = True
+) -> None:
     """Signal the tree rooted at `pid` and (pgid > 0) its process group; with
     a cgroup, every process in it too (setsid and double forks do not get
     out of a cgroup; a process that can write another cgroup's cgroup.procs,
-    root in the sandbox, can, and the tree walk still finds the leader)."""
+    root in the sandbox, can, and the tree walk still finds the leader).
+    `until_empty`: see Cgroup.kill (False on the supervisor's thread)."""
     if cgroup is not None and not cgroup.removed:
-        members = cgroup.signal(sig)
+        members = cgroup.signal(sig, until_empty=until_empty)
         if sig != signal.SIGKILL and pid in members:
             return  # the leader had it: no second SIGTERM for anyone
     if _core.HAS_PROCTREE:
@@ -384,8 +387,9 @@ class Monitor:
         # epoll_ctl is safe from any thread: spawning threads register.
         self._exits: Any = select.epoll() if _HAS_PIDFD else None
         self._by_pidfd: dict[int, Watch] = {}
-        # Watches register() left to this thread to install: watch -> timers.
-        self._pending: dict[Watch, bool] = {}
+        # Watches register() left to this thread to install (their event
+        # fds are in already): watch -> (timers, counter files, firsts).
+        self._pending: dict[Watch, tuple[bool, list[tuple[str, str]], list[bytes]]] = {}
         # Deadlines and samples: (due, seq, watch); an entry is live while
         # its due equals watch.heap_at (lazy deletion).
         self._heap: list[tuple[float, int, Watch]] = []
@@ -449,11 +453,12 @@ class Monitor:
         look at the watch sooner than it planned.
 
         What the kernel reports was opened and read ahead (Cgroup.arm), or
-        there is no cgroup: the thread itself installs the watch at its
-        next pass, which comes before anything of it is due; most
-        sandboxes end before that pass, and then cost the caller nothing
-        more (unregister).  Else it is installed here, as it opens and
-        reads now what must be read before the program runs."""
+        there is no cgroup: the event fds go into the thread's epoll here
+        (an OOM kill may come at once), and the thread itself installs the
+        rest at its next pass, which comes before anything of it is due;
+        most sandboxes end before that pass, and then cost the caller
+        nothing more (unregister).  Else it is installed here, as it opens
+        and reads now what must be read before the program runs."""
         pidfd = -1
         if exit and self._exits is not None:
             try:
@@ -462,13 +467,14 @@ class Monitor:
             except OSError:
                 pidfd = -1
         w.pidfd = pidfd
-        if not _armed(w):
-            events, reads, firsts = self._prepare(w, timers)
-            with self._lock:
+        armed = _armed(w)
+        events, reads, firsts = self._prepare(w, timers, armed_only=armed)
+        with self._lock:
+            if not armed:
                 wake = self._install(w, timers, events, reads, firsts)
-        else:
-            with self._lock:
-                self._pending[w] = timers
+            else:
+                self._install_events(w, events)
+                self._pending[w] = (timers, reads, firsts)
                 wake = w.due() < self._sleep_until
                 wake = wake or (pidfd >= 0 and self._sleep_until > w.start + _EXIT_POLL)
         if wake:
@@ -500,20 +506,11 @@ class Monitor:
         """(Lock held.)  Put `w` where the thread looks; True if the thread
         must look sooner than it planned."""
         wake = False
-        for fd, field in events:
-            w.event_fds.append(fd)
-            if field != "eventfd":
-                self._event_idents[fd] = fd_ident(fd)
-            self._by_event[fd] = (w, field)
-            mask = select.EPOLLIN if field == "eventfd" else select.EPOLLPRI
-            self._events.register(fd, mask)
+        self._install_events(w, events)
         if reads:
             assert w.cgroup is not None
             gate = w.cgroup.cpu_gate()
             if gate is not None:
-                # Read at the next tick whatever the gate says: the program
-                # may have run (and its counters moved) since the gate was
-                # last read, before this watch was installed.
                 # Read at the next tick whatever the gate says: the program
                 # may have run (and its counters moved) since the gate was
                 # last read, before this watch was installed.
@@ -534,10 +531,16 @@ class Monitor:
             if w.tree_cache is not None and w.next_sample is not None:
                 w.swept = True
                 group = self._sweeps.get(w.interval)
+                # Its first sample counts from its start, not from the
+                # install (the thread's pass, up to an interval later).
+                due = next_sample(w.start, w.interval)
                 if group is None:
-                    at = next_sample(time.monotonic(), w.interval)
+                    at = min(next_sample(time.monotonic(), w.interval), due)
                     group = self._sweeps[w.interval] = ({}, [at])
                     wake = wake or at < self._sleep_until
+                elif due < group[1][0]:
+                    group[1][0] = due
+                    wake = wake or due < self._sleep_until
                 group[0][w] = None
             self._schedule(w)
             wake = wake or w.due() < self._sleep_until
@@ -546,6 +549,16 @@ class Monitor:
             self._exits.register(w.pidfd, select.EPOLLIN)
             wake = wake or self._sleep_until > w.start + _EXIT_POLL
         return wake
+
+    def _install_events(self, w: Watch, events: list[tuple[int, str]]) -> None:
+        # (Lock held.)  epoll_ctl is safe beside the thread's epoll_wait.
+        for fd, field in events:
+            w.event_fds.append(fd)
+            if field != "eventfd":
+                self._event_idents[fd] = fd_ident(fd)
+            self._by_event[fd] = (w, field)
+            mask = select.EPOLLIN if field == "eventfd" else select.EPOLLPRI
+            self._events.register(fd, mask)
 
     def _close_pidfd(self, w: Watch) -> None:
         # (Lock held.)  One never given to the epoll (a pending watch's).
@@ -615,7 +628,8 @@ class Monitor:
     def unregister(self, w: Watch) -> None:
         with self._lock:
             if self._pending.pop(w, None) is not None:
-                w.done = True  # never installed: nothing else to undo
+                w.done = True  # its events only were installed
+                self._drop_events(w)
                 self._close_pidfd(w)
                 return
             self._watches.discard(w)
@@ -694,7 +708,8 @@ class Monitor:
             return
         w.kill = record
         w.hits.add(record.reason)
-        signal_tree(w.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL, w.pgid, w.cgroup)
+        sig = signal.SIGTERM if grace > 0 else signal.SIGKILL
+        signal_tree(w.pid, sig, w.pgid, w.cgroup, until_empty=False)
         if grace > 0:
             w.sigkill_at = time.monotonic() + grace
         if w in self._watches:
@@ -726,7 +741,7 @@ class Monitor:
             if leader_exited(w.pid):
                 self._leader_exited(w)
                 return
-            signal_tree(w.pid, signal.SIGKILL, w.pgid, w.cgroup)
+            signal_tree(w.pid, signal.SIGKILL, w.pgid, w.cgroup, until_empty=False)
         if w.kill is None and w.deadline is not None and now >= w.deadline:
             assert w.wall_time is not None
             record = KillRecord(
@@ -1152,11 +1167,15 @@ class Monitor:
             # What register() left: armed ahead, so opening and reading
             # nothing here (_armed); before the due time is computed.
             pending, self._pending = self._pending, {}
-            for w, timers in pending.items():
+            for w, (timers, reads, firsts) in pending.items():
                 if w.done:  # unregistered meanwhile
                     self._close_pidfd(w)
-                else:
-                    self._install(w, timers, *self._prepare(w, timers, armed_only=True))
+                    continue
+                try:
+                    self._install(w, timers, [], reads, firsts)
+                except Exception:
+                    # This watch's alone: the others of the pass still go in.
+                    log.exception("sbxlimit monitor: a sandbox's watch could not be installed")
             new, self._new_pumps = self._new_pumps, []
             now = time.monotonic()
             due = min(self._next_due(), self._read_at)

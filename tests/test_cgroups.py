@@ -1041,3 +1041,39 @@ def test_a_cgroup_that_will_not_freeze_does_not_keep_the_supervisor(monkeypatch)
     finally:
         release.set()  # it is empty: removed at the next tick
     assert get_monitor().drain(5) and mine() == []
+
+
+@needs_cgroup
+def test_a_limit_kill_does_not_wait_on_a_freeze_in_the_supervisor(monkeypatch):
+    # The supervisor's own kill at a limit (here a wall_time, no grace)
+    # must not wait for a v1 freeze either: the freezer says FREEZING for
+    # 3 s, and another sandbox's wall_time must still end it meanwhile.
+    import threading
+
+    from sbxlimit import _cgroup
+
+    if SITE.version != 1 or not SITE.has("pids"):
+        pytest.skip("cgroup v1 only (v2 kills through cgroup.kill, without the freezer)")
+    real_read = _cgroup._read
+    held_out, release = threading.Event(), threading.Event()
+
+    def read(path):
+        on_thread = threading.current_thread().name == "sbxlimit-monitor"
+        ours = on_thread and path.endswith("freezer.state") and not held_out.is_set()
+        if ours and not release.wait(3):
+            held_out.set()  # then it freezes (the test ends sooner)
+            return "FREEZING\n"
+        return real_read(path)
+
+    monkeypatch.setattr(_cgroup, "_read", read)
+    killed = sbxlimit.Popen(["sleep", "30"], limits=Limits(pids=8, wall_time=0.2, kill_grace=0))
+    try:
+        other = sbxlimit.run(["sleep", "30"], limits=Limits(wall_time="0.6s"), cgroup_parent="none")
+        assert other.termination.reason == "wall_time"
+        assert not held_out.is_set(), "the other sandbox was ended only after a freeze wait"
+        killed.wait(timeout=20)
+        assert killed.termination.reason == "wall_time"
+    finally:
+        release.set()
+        killed.kill_tree(grace=0)
+    assert get_monitor().drain(5) and mine() == []

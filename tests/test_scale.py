@@ -446,3 +446,97 @@ def test_a_counter_that_moved_before_the_watch_was_installed_is_still_read(monke
     r = sbxlimit.run([sys.executable, "-c", code], limits=limits, sample_interval=0.05)
     assert r.termination.reason == "pids", r.termination
     assert "wall_time" not in r.termination.hits, r.termination
+
+
+_MARKS_SIGTERM = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: open(sys.argv[1], "w").close())
+time.sleep(60)
+"""
+
+
+def _deadline_keeper(marker: str, wall_time: float) -> sbxlimit.Popen:
+    """A sandbox whose one timer, its wall_time, keeps the supervisor asleep
+    until then; its SIGTERM (kill_grace: the SIGKILL much later) leaves
+    `marker`, so what else ended before that deadline can be told."""
+    return sbxlimit.Popen(
+        [sys.executable, "-c", _MARKS_SIGTERM, marker],
+        limits={"wall_time": wall_time, "kill_grace": 30},
+    )
+
+
+def test_an_oom_kill_before_the_install_is_acted_on_at_once(tmp_path, monkeypatch):
+    # The OOM event of a watch left to the supervisor's next pass goes into
+    # its epoll at the registration: it must not wait for that pass (here
+    # planned at another sandbox's deadline, 1.5 s away; samples 5 s apart;
+    # and no wake-up at the spawn, as when the pools need no refill).
+    _needs("memory")
+    from sbxlimit._monitor import Monitor
+
+    limits = {"memory": "64Mi"}
+    _warm_pool(limits)
+    marker = str(tmp_path / "deadline")
+    keeper = _deadline_keeper(marker, 1.5)
+    try:
+        time.sleep(0.2)
+        hog = "import os, time\nif os.fork() == 0:\n b = bytearray(256 << 20)\ntime.sleep(30)"
+        with monkeypatch.context() as m:
+            m.setattr(Monitor, "settle", lambda self: None)
+            p = sbxlimit.Popen([sys.executable, "-c", hog], limits=limits, sample_interval=5)
+        p.wait(timeout=30)
+        assert p.termination.reason == "memory", p.termination
+        assert not os.path.exists(marker), "the OOM kill was acted on only at the next pass"
+    finally:
+        keeper.kill_tree(grace=0)
+
+
+def test_a_tree_s_first_sample_counts_from_its_start_not_its_install(tmp_path):
+    # Without a cgroup the memory watchdog samples the tree every interval
+    # from the start.  Installed at the supervisor's next pass (here at
+    # another sandbox's deadline, just before that first sample), the
+    # watch must still sample then, not an interval after the install.
+    waker = _deadline_keeper(str(tmp_path / "first"), 0.95)
+    marker = str(tmp_path / "deadline")
+    keeper = _deadline_keeper(marker, 1.6)
+    try:
+        time.sleep(0.05)
+        hog = "import os, time\nos.fork(); os.fork()\nb = bytearray(30 << 20)\ntime.sleep(30)"
+        r = sbxlimit.run(
+            [sys.executable, "-c", hog],
+            limits={"memory": "64Mi"},
+            cgroup_parent="none",
+            sample_interval=1.0,
+        )
+        assert r.termination.reason == "memory", r.termination
+        assert not os.path.exists(marker), "the first sample came an interval late"
+    finally:
+        waker.kill_tree(grace=0)
+        keeper.kill_tree(grace=0)
+
+
+def test_a_watch_that_fails_to_install_leaves_the_others_of_its_pass(monkeypatch, caplog):
+    # The supervisor installs what register() left in one pass: an error
+    # installing one watch (here injected) must not drop the others.
+    from sbxlimit._monitor import Monitor
+
+    real = Monitor._install
+
+    def install(self, w, *a):
+        if w.wall_time == 0.31:
+            raise RuntimeError("injected")
+        return real(self, w, *a)
+
+    monkeypatch.setattr(Monitor, "_install", install)
+    limits = {"wall_time": 0.3, "pids": 8}
+    _warm_pool_for(limits)
+    with monkeypatch.context() as m:
+        m.setattr(Monitor, "settle", lambda self: None)  # one pass for both
+        bad = sbxlimit.Popen(["sleep", "30"], limits={**limits, "wall_time": 0.31})
+        good = sbxlimit.Popen(["sleep", "30"], limits=limits)
+    try:
+        good.wait(timeout=20)
+        assert good.termination.reason == "wall_time", good.termination
+        assert "could not be installed" in caplog.text
+    finally:
+        bad.kill_tree(grace=0)
+        good.kill_tree(grace=0)
