@@ -1018,9 +1018,9 @@ class Monitor:
                     done.append(cg)
                     log.warning("sbxlimit: cgroup %s still busy; `sbxlimit gc` removes it", cg.name)
                 else:
-                    # One pass: a freeze that never completes would keep
-                    # this thread, and every other sandbox's timers, for
-                    # seconds at each tick.
+                    # Without the freezer: a freeze that never completes
+                    # would keep this thread, and every other sandbox's
+                    # timers, for seconds at each tick.
                     cg.kill(until_empty=False)
             with self._lock:
                 for cg in done:
