@@ -1256,7 +1256,9 @@ class Monitor:
             owned.update(p.idents)
         for fd in list(self._by_pidfd):
             owned[fd] = "pidfd"
-        for w in list(self._pending):  # not installed yet: their fds as installed ones'
+        # Watches not installed yet: their pidfds, and every event fd their
+        # cgroup was armed with (those it watches are in _by_event already).
+        for w in list(self._pending):
             if w.pidfd >= 0:
                 owned[w.pidfd] = "pidfd"
             if w.cgroup is not None:
