@@ -60,6 +60,14 @@ _RDONLY = os.O_RDONLY | os.O_CLOEXEC
 _QUICK_PASSES = 20
 
 
+def _send(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass  # gone already, or (v1) not ours to signal
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Site:
     """Where this process creates sandbox cgroups.
@@ -724,11 +732,7 @@ class Cgroup:
             self.kill(until_empty=until_empty)
             return []
         pids = self.pids()
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
+        _send(pids, sig)
         return pids
 
     def kill(self, *, until_empty: bool = True) -> None:
@@ -749,27 +753,7 @@ class Cgroup:
             except OSError:
                 pass
         if not until_empty:
-            # Until a listing shows nothing new: what is killed but still
-            # listed is dying (or asleep in the kernel, dying at its wake).
-            # Once something was killed, one more listing a moment later:
-            # a fork already under way when its parent got the SIGKILL
-            # still makes a child, listed only at the fork's end.
-            signalled: set[int] = set()
-            looked_again = False
-            for _ in range(_QUICK_PASSES):
-                new = set(self.pids()) - signalled
-                if not new and signalled and not looked_again:
-                    looked_again = True
-                    time.sleep(0.001)
-                    continue
-                if not new:
-                    return
-                for pid in new:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                signalled |= new
+            self._kill_listed()
             return
         if not self.pids():
             return  # the common case at a leader's exit: nothing left
@@ -784,16 +768,32 @@ class Cgroup:
                         break
                     time.sleep(0.001)
             victims = self.pids()
-            for pid in victims:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _send(victims, signal.SIGKILL)
             if state is not None:
                 _write_quiet(state, "THAWED")
             if not victims:
                 return
             time.sleep(0.001)
+
+    def _kill_listed(self) -> None:
+        """kill(until_empty=False): SIGKILL what is listed until a listing
+        shows nothing new (what is killed but still listed is dying, or
+        asleep in the kernel and dying at its wake).  Once something was
+        killed, one more listing a moment later: a fork already under way
+        when its parent got the SIGKILL still makes a child, listed only at
+        the fork's end."""
+        signalled: set[int] = set()
+        looked_again = False
+        for _ in range(_QUICK_PASSES):
+            new = set(self.pids()) - signalled
+            if not new and signalled and not looked_again:
+                looked_again = True
+                time.sleep(0.001)
+                continue
+            if not new:
+                return
+            _send(new, signal.SIGKILL)
+            signalled |= new
 
     def _stats_files(self, final: bool, evidence: bool) -> list[tuple[str, str]]:
         """The files stats() reads, as (controller, name)."""
