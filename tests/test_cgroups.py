@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -982,72 +983,11 @@ def test_a_fork_while_the_supervisor_holds_the_pool_s_lock_does_not_hang(monkeyp
         forked.set()
 
 
-@needs_cgroup
-def test_a_cgroup_that_will_not_freeze_does_not_keep_the_supervisor(monkeypatch):
-    # v1: an ended sandbox's cgroup that will not empty (a process asleep
-    # in the kernel, uninterruptibly: it neither freezes nor dies) is killed
-    # again at each of the supervisor's ticks until it empties.  Waiting
-    # there for a freeze that never completes kept the supervisor, and with
-    # it every other sandbox's timers, for seconds at each tick: here the
-    # freezer says FREEZING for 10 s, and another sandbox's wall_time must
-    # still end it meanwhile.
-    import threading
-
-    from sbxlimit import _cgroup
-    from sbxlimit._monitor import Monitor
-
-    if SITE.version != 1 or not SITE.has("pids"):
-        pytest.skip("cgroup v1 only (v2 kills through cgroup.kill, without the freezer)")
-    stuck: list[_cgroup.Cgroup] = []
-    real_retire, real_read = Monitor.retire, _cgroup._read
-    real_remove, real_pids = _cgroup.Cgroup.remove, _cgroup.Cgroup.pids
-    held_out = threading.Event()  # a freeze wait that ran its 10 s
-    release = threading.Event()
-
-    def is_stuck(cg):
-        return bool(stuck) and cg is stuck[0] and not release.is_set()
-
-    def retire(self, cg):
-        if not stuck:  # the first sandbox's
-            stuck.append(cg)
-        return real_retire(self, cg)
-
-    def remove(self):
-        return False if is_stuck(self) else real_remove(self)
-
-    def pids(self):
-        # Above pid_max: never a process, and listed all the same.
-        return [(1 << 22) + 1] if is_stuck(self) else real_pids(self)
-
-    def read(path):
-        ours = stuck and path.startswith(tuple(stuck[0].dirs.values()))
-        if ours and not release.is_set() and path.endswith("freezer.state"):
-            if not release.wait(10):
-                held_out.set()
-            return "FREEZING\n"
-        return real_read(path)
-
-    monkeypatch.setattr(Monitor, "retire", retire)
-    monkeypatch.setattr(_cgroup.Cgroup, "remove", remove)
-    monkeypatch.setattr(_cgroup.Cgroup, "pids", pids)
-    monkeypatch.setattr(_cgroup, "_read", read)
-    try:
-        sbxlimit.run(["true"], limits=Limits(pids=8))
-        assert stuck
-        time.sleep(0.1)  # a few of the supervisor's ticks at it
-        other = sbxlimit.run(["sleep", "30"], limits=Limits(wall_time="0.3s"), cgroup_parent="none")
-        assert other.termination.reason == "wall_time"
-        assert not held_out.is_set(), "the other sandbox was ended only after a freeze wait"
-    finally:
-        release.set()  # it is empty: removed at the next tick
-    assert get_monitor().drain(5) and mine() == []
-
-
-@needs_cgroup
-def test_a_limit_kill_does_not_wait_on_a_freeze_in_the_supervisor(monkeypatch):
-    # The supervisor's own kill at a limit (here a wall_time, no grace)
-    # must not wait for a v1 freeze either: the freezer says FREEZING for
-    # 3 s, and another sandbox's wall_time must still end it meanwhile.
+def _freezes_slowly_for_the_supervisor(monkeypatch) -> tuple[Any, Any]:
+    """v1 only: the supervisor's first read of a freezer's state says
+    FREEZING for 3 s (a freeze that does not complete: a process asleep in
+    the kernel, uninterruptibly).  Returns (held_out: set if that wait ran
+    its 3 s, release: ends it)."""
     import threading
 
     from sbxlimit import _cgroup
@@ -1066,6 +1006,61 @@ def test_a_limit_kill_does_not_wait_on_a_freeze_in_the_supervisor(monkeypatch):
         return real_read(path)
 
     monkeypatch.setattr(_cgroup, "_read", read)
+    return held_out, release
+
+
+@needs_cgroup
+def test_a_cgroup_that_will_not_freeze_does_not_keep_the_supervisor(monkeypatch):
+    # v1: an ended sandbox's cgroup that will not empty (a process asleep
+    # in the kernel, uninterruptibly: it neither freezes nor dies) is killed
+    # again at each of the supervisor's ticks until it empties.  Waiting
+    # there for a freeze that never completes kept the supervisor, and with
+    # it every other sandbox's timers, for seconds at each tick: another
+    # sandbox's wall_time must still end it meanwhile.
+    from sbxlimit import _cgroup
+    from sbxlimit._monitor import Monitor
+
+    held_out, release = _freezes_slowly_for_the_supervisor(monkeypatch)
+    stuck: list[_cgroup.Cgroup] = []
+    real_retire = Monitor.retire
+    real_remove, real_pids = _cgroup.Cgroup.remove, _cgroup.Cgroup.pids
+
+    def is_stuck(cg):
+        return bool(stuck) and cg is stuck[0] and not release.is_set()
+
+    def retire(self, cg):
+        if not stuck:  # the first sandbox's
+            stuck.append(cg)
+        return real_retire(self, cg)
+
+    def remove(self):
+        return False if is_stuck(self) else real_remove(self)
+
+    def pids(self):
+        # Above pid_max: never a process, and listed all the same.
+        return [(1 << 22) + 1] if is_stuck(self) else real_pids(self)
+
+    monkeypatch.setattr(Monitor, "retire", retire)
+    monkeypatch.setattr(_cgroup.Cgroup, "remove", remove)
+    monkeypatch.setattr(_cgroup.Cgroup, "pids", pids)
+    try:
+        sbxlimit.run(["true"], limits=Limits(pids=8))
+        assert stuck
+        time.sleep(0.1)  # a few of the supervisor's ticks at it
+        other = sbxlimit.run(["sleep", "30"], limits=Limits(wall_time="0.3s"), cgroup_parent="none")
+        assert other.termination.reason == "wall_time"
+        assert not held_out.is_set(), "the other sandbox was ended only after a freeze wait"
+    finally:
+        release.set()  # it is empty: removed at the next tick
+    assert get_monitor().drain(5) and mine() == []
+
+
+@needs_cgroup
+def test_a_limit_kill_does_not_wait_on_a_freeze_in_the_supervisor(monkeypatch):
+    # The supervisor's own kill at a limit (here a wall_time, no grace)
+    # must not wait for a v1 freeze either: another sandbox's wall_time
+    # must still end it meanwhile.
+    held_out, release = _freezes_slowly_for_the_supervisor(monkeypatch)
     killed = sbxlimit.Popen(["sleep", "30"], limits=Limits(pids=8, wall_time=0.2, kill_grace=0))
     try:
         other = sbxlimit.run(["sleep", "30"], limits=Limits(wall_time="0.6s"), cgroup_parent="none")
