@@ -164,7 +164,10 @@ def rules(
 # landlock_restrict_self copies it into the child's own domain): one is
 # kept per distinct set of rules and reused while every rule's path is
 # still the file it was when the ruleset was made.  Each spawn gets a dup
-# of it, so a ruleset dropped meanwhile never closes a spawn's fd.
+# of it, so a ruleset dropped meanwhile never closes a spawn's fd.  A dup
+# is the same ruleset: a child that adds a rule (a tmpfs it mounts) needs
+# one of its own, or the rule would stay in every later sandbox's domain,
+# and the ruleset would grow by one rule a spawn for the process's life.
 STAT = getattr(_core, "FS_STAT", 0)  # the POSIX core's (Landlock is Linux's)
 Net = tuple[int, int, Sequence[int], int]
 _Key = tuple[int, tuple[tuple[str, int], ...], tuple[int, int, tuple[int, ...], int]]

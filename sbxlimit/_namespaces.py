@@ -701,7 +701,7 @@ class Spawn:
     """The ``ns`` tuple for ``_core.spawn``, and the socket the workspace's
     fd comes back on.  ``close()`` releases what the parent holds."""
 
-    __slots__ = ("_recv", "args", "child_end", "status_r", "status_w")
+    __slots__ = ("_recv", "args", "child_end", "child_rules", "status_r", "status_w")
 
     def __init__(
         self,
@@ -752,6 +752,9 @@ class Spawn:
         # Landlock skips the directory a mount hides: each tmpfs gets a rule
         # of its own in the child, with the rights the workspace has.
         ll = writable_rights(plan.landlock) if plan.landlock and (tmpfs or entries) else 0
+        # The child adds those rules to the ruleset it is given: it must be
+        # this sandbox's own (see _landlock.ruleset).
+        self.child_rules = bool(ll)
         self.args = (
             flags,
             uid_map,

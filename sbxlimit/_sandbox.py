@@ -471,9 +471,12 @@ class Sandbox:
                     view=p.ro_view,
                     fresh=self.workspace is not None,
                 )
+                # Shared only if the child adds nothing to it: rules it adds
+                # for its tmpfs would stay in the shared ruleset for good.
+                own = self.workspace is not None or (ns is not None and ns.child_rules)
                 try:
                     landlock_fd = _landlock.ruleset(
-                        handled, ll_rules, p.landlock_net, reuse=self.workspace is None
+                        handled, ll_rules, p.landlock_net, reuse=not own
                     )
                 except OSError as e:
                     raise setup_error("landlock:ruleset", e.errno or errno.EIO, 0) from e

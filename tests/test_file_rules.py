@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -350,3 +351,46 @@ def test_what_the_policy_names_is_resolved_at_every_spawn(tmp_path):
         k: v != 0 for k, v in sh(f"{write}\nlater grep -q secret {tmp_path}/later", pol).items()
     }
     assert refused == {"a": False, "b": True, "later": True}
+
+
+@pytest.mark.skipif(
+    not LINUX or sbxlimit._core.landlock_abi() < 1, reason="doctor: no Landlock here"
+)
+def test_a_sandbox_s_private_tmpfs_is_not_granted_to_the_next(tmp_path):
+    # Each sandbox gets a /dev/shm of its own, and a Landlock rule for it
+    # added in the child.  A workdir's ruleset is reused from one spawn to
+    # the next: had that rule gone into it, every later sandbox of the
+    # same policy would hold it (and the ruleset would grow a rule a spawn
+    # for good).  Handed a live sandbox's /dev/shm, the next may not write.
+    work = tmp_path / "work"
+    work.mkdir()
+    pol = Policy(workdir=str(work))
+    make = "import os, sys; os.close(os.open('x', os.O_CREAT | os.O_WRONLY, 0o600, dir_fd={}))"
+    first = sbxlimit.Popen(
+        [PY, "-c", make.format("os.open('/dev/shm', os.O_RDONLY)") + "; sys.stdin.read()"],
+        policy=pol,
+        stdin=subprocess.PIPE,
+    )
+    try:
+        shm = f"/proc/{first.pid}/root/dev/shm"
+        for _ in range(500):  # until its own file is there: it may write
+            if os.path.exists(f"{shm}/x"):
+                break
+            assert first.poll() is None
+            time.sleep(0.01)
+        fd = os.open(shm, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            second = sbxlimit.run(
+                [PY, "-c", make.format(fd).replace("'x'", "'from-the-next'")],
+                policy=pol,
+                pass_fds=[fd],
+                capture_output=True,
+                text=True,
+            )
+        finally:
+            os.close(fd)
+        assert "PermissionError" in second.stderr, second.stderr
+        assert not os.path.exists(f"{shm}/from-the-next")
+    finally:
+        first.communicate(b"")
+    assert first.returncode == 0
