@@ -157,7 +157,11 @@ def rules(
     out = [(p, READ) for p in subtract(["/"], [_real(x) for x in policy.deny_read])]
     out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes, made)]
     out += [(d, DEVICE) for d in DEVICES]
-    return handled, out
+    # One rule a path: the kernel would merge them, after a lookup each.
+    merged: dict[str, int] = {}
+    for path, rights in out:
+        merged[path] = merged.get(path, 0) | rights
+    return handled, list(merged.items())
 
 
 # A ruleset fd can be applied by any number of children (each
