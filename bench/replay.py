@@ -33,6 +33,7 @@ TRUE = shutil.which("true") or "/bin/true"
 # _core.spawn's arguments that are fds the core consumes (see _core.pyi).
 CLOSE_AFTER, LANDLOCK_FD, NS, CG_DIRFD, CG_PROCS = 9, 23, 24, 25, 26
 NS_NETNS = 14
+NS_LL = 8  # the child adds Landlock rules for its tmpfs
 MNT_NS_ASK = -2  # _core.MNT_NS_ASK
 
 
@@ -42,21 +43,33 @@ class Capture:
     def __init__(self, sbxlimit: Any, kw: dict[str, Any], made: list[str]) -> None:
         from sbxlimit import _core, _sandbox
 
-        real = _core.spawn
+        real, real_ruleset = _core.spawn, _core.landlock_ruleset
         got: list[list[Any]] = []
+        ruleset: list[tuple[Any, ...]] = []
 
         def grab(*args: Any) -> Any:
             got.append(list(args))
             self.fds = {fd: self._copy(fd, args, made) for fd in self._fds(args)}
             return real(*args)
 
+        def grab_ruleset(*args: Any) -> Any:
+            ruleset.append(args)
+            return real_ruleset(*args)
+
         _sandbox._core.spawn = grab
+        _core.landlock_ruleset = grab_ruleset
         try:
             sbxlimit.run([TRUE], **kw)
         finally:
             _sandbox._core.spawn = real
+            _core.landlock_ruleset = real_ruleset
         self.args = got[0]
         self.real = real
+        # A child that adds Landlock rules (its tmpfs's) gets a ruleset of
+        # its own, as in sbxlimit: made before each replay, untimed.
+        ns = self.args[NS]
+        self.ruleset = ruleset[-1] if ruleset and ns and ns[NS_LL] else None
+        self.next_ruleset = -1
         cwd = self.args[3]
         if cwd and not os.path.isdir(cwd):  # its workspace, gone with it: one for the replay
             os.makedirs(os.path.join(cwd, "tmp"))
@@ -87,12 +100,22 @@ class Capture:
             return os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return os.open(os.path.join(d, os.path.basename(path)), os.O_WRONLY | os.O_CLOEXEC)
 
+    def prepare(self) -> None:
+        """What sbxlimit's Python makes for each spawn: a ruleset."""
+        if self.ruleset is not None:
+            from sbxlimit import _core
+
+            self.next_ruleset = _core.landlock_ruleset(*self.ruleset)[0]
+
     def spawn(self, drop: queue.SimpleQueue[int]) -> None:
         # Fresh copies of what the core closes; the cgroup's directory (v2)
         # is the replay cgroup's own, kept.
         a = list(self.args)
         a[CG_DIRFD] = self.fds.get(a[CG_DIRFD], -1)
         fresh = {fd: os.dup(src) for fd, src in self.fds.items() if fd != self.args[CG_DIRFD]}
+        if self.next_ruleset >= 0:
+            os.close(fresh[a[LANDLOCK_FD]])
+            fresh[a[LANDLOCK_FD]], self.next_ruleset = self.next_ruleset, -1
         a[CLOSE_AFTER] = [fresh.get(fd, fd) for fd in a[CLOSE_AFTER]]
         a[CG_PROCS] = [fresh.get(fd, fd) for fd in a[CG_PROCS]]
         a[LANDLOCK_FD] = fresh.get(a[LANDLOCK_FD], a[LANDLOCK_FD])
@@ -116,6 +139,10 @@ class Capture:
     def close(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _let_go(drop: queue.SimpleQueue[int]) -> None:
@@ -154,18 +181,22 @@ def main() -> None:
             time.sleep(0.3)
             captures[name] = Capture(sbxlimit, kw, made)
         run: dict[str, Callable[[], Any]] = {"subprocess.run": lambda: subprocess.run([TRUE])}
+        prep: dict[str, Callable[[], Any]] = {}
         for name, kw in variants.items():
             c = captures[name]
             run[f"replay: {name}"] = lambda c=c: c.spawn(drop)
+            prep[f"replay: {name}"] = c.prepare
             run[f"sbxlimit.run: {name}"] = lambda kw=kw: sbxlimit.run([TRUE], **kw)
         times: dict[str, list[float]] = {k: [] for k in run}
         for _ in range(20):
-            for f in run.values():
+            for k, f in run.items():
+                prep.get(k, _nothing)()
                 f()
         for _ in range(a.rounds):
             order = list(run)
             random.shuffle(order)
             for k in order:
+                prep.get(k, _nothing)()
                 t = time.perf_counter()
                 run[k]()
                 times[k].append(time.perf_counter() - t)
