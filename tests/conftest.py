@@ -145,13 +145,27 @@ def _children(pid: int) -> set[int]:
 
 def settled_fds(timeout: float = 3.0) -> set[str]:
     """This process's open fds once the supervisor has let go of the pidfds
-    of sandboxes already reaped (it closes them on its own thread)."""
+    of sandboxes already reaped (it closes them on its own thread), and its
+    threads are done with earlier sandboxes' output and workspaces: a
+    tree's removal holds a directory fd at a time, a pump its pipes."""
     import time
 
     deadline = time.monotonic() + timeout
-    while "anon_inode:[pidfd]" in _fds().values() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        if "anon_inode:[pidfd]" not in _fds().values() and _background_done():
+            break
         time.sleep(0.02)
     return own_fds()
+
+
+def _background_done() -> bool:
+    from sbxlimit import _monitor
+
+    m = _monitor._monitor
+    if m is None:
+        return True
+    with m._lock:
+        return not (m._pumps or m._new_pumps or m._trash or m._trees or m._emptying)
 
 
 def kept_in_a_fork(fds) -> dict[int, str]:
