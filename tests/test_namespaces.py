@@ -25,7 +25,6 @@ from sbxlimit._seccomp import seccomp_works
 
 from .conftest import (
     kept_in_a_fork,
-    own_fds,
     settled_fds,
     settled_temp,
     tagged_sleep,
@@ -565,7 +564,7 @@ def _mounted(path: str) -> bool:
 def test_disk_tmpfs_enospc_and_outputs_readable_until_close():
     # The supervisor's own fds (epoll, wake-up pipe) are made once, at first use.
     sbxlimit.run(["true"], limits=Limits(disk="1Mi"), capture_output=True)
-    fds = own_fds()
+    fds = settled_fds()
     with sbxlimit.Popen(
         [PY, "-c", WRITE],
         limits=Limits(disk="1Mi", tolerate="disk"),  # ENOSPC exactly at the limit
@@ -587,10 +586,8 @@ def test_disk_tmpfs_enospc_and_outputs_readable_until_close():
     # After close: the directory's path (the fd's is gone), removed.
     assert p.workspace == host_dir and p.workspace_removed and not os.path.exists(host_dir)
     p.stdout.close()
-    deadline = time.monotonic() + 5  # the supervisor drops its pidfd on its next turn
-    while own_fds() != fds and time.monotonic() < deadline:
-        time.sleep(0.02)
-    left = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in own_fds() - fds}
+    # The supervisor drops its pidfd on its next turn.
+    left = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in settled_fds(5) - fds}
     assert not left  # the tmpfs's fd too
 
 
