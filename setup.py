@@ -88,14 +88,26 @@ if os.environ.get("SBXLIMIT_DEBUG"):
     macros.append(("SBX_NO_VFORK", "1"))
 
 
-# Programs built beside the extension, per platform: (name, sources, link
-# options tried in order).  Linux: the reaper a PID namespace's PID 1 execs,
-# so that it need not be a fork() of the caller (static where the toolchain
-# can: an exec of it is then the cheapest; without it, PID 1 is fork()ed).
-# macOS: the program a sandbox's target is exec'd through, which applies
-# the Seatbelt profile and reports a refusal (csrc/darwin/seatbelt_exec.c).
+# Programs built beside the extension, per platform: (name, sources, ways
+# to build it tried in order, each a list of options for the compiler and
+# the linker).  Linux: the reaper a PID namespace's PID 1 execs, so that it
+# need not be a fork() of the caller: without libc where the architecture
+# allows (its start-up runs while the target does), else static (an exec of
+# it is then the cheapest; without the reaper, PID 1 is fork()ed).  macOS:
+# the program a sandbox's target is exec'd through, which applies the
+# Seatbelt profile and reports a refusal (csrc/darwin/seatbelt_exec.c).
+PID1_BARE = [
+    "-DSBX_PID1_BARE",
+    "-ffreestanding",
+    "-fno-builtin",
+    "-fno-stack-protector",
+    "-fno-asynchronous-unwind-tables",
+    "-nostdlib",
+    "-static",
+    "-s",
+]
 HELPERS = {
-    "linux": [("_pid1", ["csrc/linux/pid1.c"], [["-static", "-s"], ["-s"]])],
+    "linux": [("_pid1", ["csrc/linux/pid1.c"], [PID1_BARE, ["-static", "-s"], ["-s"]])],
     "darwin": [
         (
             "_seatbelt_exec",
@@ -117,19 +129,19 @@ class BuildWithHelpers(build_ext):
     def run(self) -> None:
         super().run()
         out = os.path.dirname(self.get_ext_fullpath("sbxlimit._core"))
-        for name, srcs, link_options in helpers(sys.platform):
-            objs = self.compiler.compile(
-                srcs,
-                output_dir=self.build_temp,
-                macros=macros,
-                include_dirs=["csrc"],
-                extra_postargs=helper_compile_args,
-            )
-            for extra in link_options:
+        for name, srcs, ways in helpers(sys.platform):
+            for i, extra in enumerate(ways):
                 try:
+                    objs = self.compiler.compile(
+                        srcs,
+                        output_dir=os.path.join(self.build_temp, f"{name}-{i}"),
+                        macros=macros,
+                        include_dirs=["csrc"],
+                        extra_postargs=[*helper_compile_args, *extra],
+                    )
                     self.compiler.link_executable(objs, name, output_dir=out, extra_postargs=extra)
                     break
-                except Exception as e:  # e.g. no static libc: try the next way
+                except Exception as e:  # e.g. another architecture, no static libc: the next way
                     print(f"{name} with {' '.join(extra)}: {e}", file=sys.stderr)
 
 

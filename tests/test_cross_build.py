@@ -93,6 +93,22 @@ def test_linux_core_compiles_for_aarch64(tmp_path):
         )
 
 
+@pytest.mark.parametrize("target,machine", [("aarch64-linux-gnu", 183), ("x86_64-linux-gnu", 62)])
+def test_the_reaper_links_without_libc_for_linux(target, machine, tmp_path):
+    # sbxlimit/_pid1 as setup.py builds it first: its own _start and raw
+    # system calls, for each architecture that has them.
+    ((name, srcs, ways),) = _setup_py().helpers("linux")
+    out = str(tmp_path / name)
+    inc = ["-I", os.path.join(ROOT, "csrc")]
+    src = [os.path.join(ROOT, s) for s in srcs]
+    # -Os as setup.py's (zig otherwise builds for debugging: UBSan's runtime).
+    _zig(target, *FLAGS, "-Os", *inc, *ways[0], *src, "-o", out, cwd=str(tmp_path))
+    with open(out, "rb") as f:
+        elf = f.read()
+    assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == machine
+    assert b"GLIBC" not in elf and b"/ld-linux" not in elf  # no libc, no loader
+
+
 @pytest.mark.parametrize("target", ["aarch64-macos", "x86_64-macos"])
 def test_the_seatbelt_helper_links_for_macos(target, tmp_path):
     # sbxlimit/_seatbelt_exec, as setup.py builds it on a Mac: sandbox_init

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -356,6 +357,21 @@ def test_pid_1_that_cannot_exec_the_reaper_fails_the_spawn_and_leaves_nothing(mo
 
 
 @needs_pidns
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "aarch64"), reason="a reaper without libc: x86-64, aarch64"
+)
+def test_the_reaper_starts_without_libc():
+    # Its start-up runs while the target does, and a short target's exit
+    # waits for it: glibc's asks the CPU its cache sizes with about a
+    # hundred CPUID instructions, each trapped by a hypervisor.
+    if not _namespaces.REAPER:
+        pytest.skip("the reaper program was not built (setup.py builds sbxlimit/_pid1 on Linux)")
+    with open(_namespaces.REAPER, "rb") as f:
+        elf = f.read()
+    assert b"GLIBC" not in elf and b"/ld-linux" not in elf
+    assert len(elf) < 64 * 1024
+
+
 @needs_vforked_pid1
 def test_pid_1_is_the_reaper_program_not_a_copy_of_the_caller():
     if not _namespaces.REAPER:
