@@ -19,6 +19,11 @@ occasional tool call, after every cache's second).  Last, the cost of
 Popen.usage() on 100 live sandboxes.
 
     python bench/spawn.py [--rounds 400] [--big-mib 256] [--only namespaces]
+                          [--target PROGRAM]
+
+--target spawns another program than true(1): on a virtual machine that
+traps CPUID, glibc's start-up alone can be most of a spawn of true, and
+a static program without libc shows what a fast-starting one gets.
 """
 
 from __future__ import annotations
@@ -278,12 +283,15 @@ def _resident(mib: int) -> bytearray:
 
 
 def main() -> None:
+    global TRUE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=400)
     ap.add_argument("--big-mib", type=int, default=256)
     ap.add_argument("--only", choices=["namespaces"], help="run one group")
     ap.add_argument("--paused-rounds", type=int, default=8, help="spawns 1.2 s apart")
+    ap.add_argument("--target", default=TRUE, help="the program spawned (default: true)")
     a = ap.parse_args()
+    TRUE = a.target
     if a.only == "namespaces" or sys.platform.startswith("linux"):
         report_ns("Linux sandbox: policy and namespaces", measure(a.rounds // 2, ns_variants()))
         if a.only:
