@@ -20,6 +20,8 @@ import sbxlimit
 from sbxlimit import Policy
 from sbxlimit._namespaces import CLONE_NEWNS, namespaces
 
+from .conftest import why_not
+
 LINUX = sys.platform.startswith("linux")
 VIEW = namespaces(CLONE_NEWNS, view=True) if LINUX else None
 pytestmark = pytest.mark.skipif(
@@ -353,9 +355,10 @@ def test_what_the_policy_names_is_resolved_at_every_spawn(tmp_path):
     assert refused == {"a": False, "b": True, "later": True}
 
 
-@pytest.mark.skipif(
-    not LINUX or sbxlimit._core.landlock_abi() < 1, reason="doctor: no Landlock here"
-)
+NO_LANDLOCK = not LINUX or sbxlimit._core.landlock_abi() < 1
+
+
+@pytest.mark.skipif(NO_LANDLOCK, reason=why_not("landlock") if NO_LANDLOCK else "")
 def test_a_sandbox_s_private_tmpfs_is_not_granted_to_the_next(tmp_path):
     # Each sandbox gets a /dev/shm of its own, and a Landlock rule for it
     # added in the child.  A workdir's ruleset is reused from one spawn to
