@@ -475,6 +475,18 @@ if hasattr(os, "register_at_fork"):
 _HAS_FS_BATCH = hasattr(_core, "fs_batch")  # the POSIX core's
 
 
+# Linux 5.3 keeps a zombie in its cgroup, charged to the pids controller
+# until it is reaped; before, it was uncharged at its exit.
+def _kernel_at_least(*want: int) -> bool:
+    try:
+        got = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return got >= want
+
+
+_ZOMBIE_COUNTED = 1 if _kernel_at_least(5, 3) else 0
+
 OPTIONAL = frozenset({"memory.swap.max", "memory.memsw.limit_in_bytes", "memory.oom.group"})
 _USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -486,6 +498,7 @@ class Cgroup:
         "armed",
         "baselines",
         "batches",
+        "count_fd",
         "dirfd",
         "dirs",
         "events",
@@ -512,6 +525,9 @@ class Cgroup:
         self.baselines: dict[str, bytes] = {}
         # The files the child joins through, opened ahead (arm): a spawn takes them.
         self.ready_procs: list[int] = []
+        # v1's pids.current, opened ahead (arm): at the leader's exit one
+        # read says whether anything else is left (_only_the_leader).
+        self.count_fd = -1
         self.paths: dict[tuple[str, str], str | None] = {}
         # stats()'s reads as one core call, per (final, evidence): memoized.
         self.batches: dict[
@@ -617,17 +633,28 @@ class Cgroup:
             path = self.counter_file(field) if field not in covered else None
             if path is not None:
                 self.baselines[path] = read_quiet(path)
-        # The process list the caller reads at the exit (kill()), read once
-        # here: its first lookup in a new cgroup makes the kernel's inode.
+        # What the caller reads at the exit (kill()): on v1 the task count,
+        # kept open; else the process list, read once here (its first
+        # lookup in a new cgroup makes the kernel's inode).
+        count = self.dirs.get("pids") if self.site.version == 1 else None
+        if count is not None and self.count_fd < 0:
+            try:
+                fd = os.open(os.path.join(count, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                fd = -1
+            if fd >= fd_budget():
+                os.close(fd)
+            elif fd >= 0:
+                self.count_fd = fd
         procs = self._procs_path()
-        if procs is not None:
+        if procs is not None and self.count_fd < 0:
             read_quiet(procs)
 
     def owned_fds(self) -> dict[int, str | tuple[int, int]]:
         """The fds this cgroup holds, each with what it should still be (a
         forked child closes those of the parent's ready cgroups)."""
         out: dict[int, str | tuple[int, int]] = {}
-        for fd in [self.dirfd, *self.ready_procs]:
+        for fd in [self.dirfd, self.count_fd, *self.ready_procs]:
             if fd >= 0:
                 try:
                     out[fd] = fd_ident(fd)
@@ -735,13 +762,15 @@ class Cgroup:
         _send(pids, sig)
         return pids
 
-    def kill(self, *, until_empty: bool = True) -> None:
+    def kill(self, *, until_empty: bool = True, leader_gone: bool = False) -> None:
         """SIGKILL everything inside, atomically where the kernel can
         (cgroup.kill, Linux 5.14); else freeze, kill, thaw until empty
         (up to some 5 s for processes that will not freeze: asleep in the
         kernel, uninterruptibly).  Without `until_empty` (the supervisor,
         whose timers end every other sandbox): SIGKILL what is listed, a
-        few passes for what forked meanwhile, no freezer, no wait."""
+        few passes for what forked meanwhile, no freezer, no wait.
+        `leader_gone`: the leader has exited (its caller's common case,
+        where nothing else is left)."""
         if self.removed:
             return
         if self.site.version == 2:
@@ -755,8 +784,10 @@ class Cgroup:
         if not until_empty:
             self._kill_listed()
             return
-        if not self.pids():
+        if leader_gone and self._only_the_leader():
             return  # the common case at a leader's exit: nothing left
+        if not self.pids():
+            return
         freezer = self.dirs.get("freezer")
         state = os.path.join(freezer, "freezer.state") if freezer else None
         for _ in range(100):
@@ -774,6 +805,21 @@ class Cgroup:
             if not victims:
                 return
             time.sleep(0.001)
+
+    def _only_the_leader(self) -> bool:
+        """(v1, the leader exited, not reaped.)  Nothing else is left: the
+        pids controller counts every task until it is reaped (its zombie
+        too, from Linux 5.3), so a count of one is the leader's.  One read
+        of a file kept open, where the process list costs an open, a
+        listing and a close."""
+        fd = self.count_fd
+        if fd < 0:
+            return False
+        try:
+            n = int(os.pread(fd, 32, 0))
+        except (OSError, ValueError):
+            return False
+        return n <= _ZOMBIE_COUNTED
 
     def _kill_listed(self) -> None:
         """kill(until_empty=False): SIGKILL what is listed until a listing
@@ -1021,6 +1067,9 @@ class Cgroup:
         if self.dirfd >= 0:
             os.close(self.dirfd)
             self.dirfd = -1
+        if self.count_fd >= 0:
+            os.close(self.count_fd)
+            self.count_fd = -1
         fds, self.ready_procs = self.ready_procs, []
         for fd in fds:
             os.close(fd)

@@ -896,9 +896,9 @@ class Sandbox:
             self.end = now
         pgid = self.tree_pgid or self.kill_group
         if self.cgroup is not None:
-            # End everything it left, wherever it went (v1: one read of the
-            # process list when nothing is left, the common case).
-            self.cgroup.kill()
+            # End everything it left, wherever it went (v1: one read of a
+            # task count when nothing is left, the common case).
+            self.cgroup.kill(leader_gone=True)
         elif pgid > 0:
             try:
                 os.killpg(pgid, signal.SIGKILL)

@@ -19,7 +19,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits, Policy, _core
-from sbxlimit._cgroup import _V1, _ensure_group_dir, discover
+from sbxlimit._cgroup import _V1, Cgroup, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
 
@@ -253,6 +253,72 @@ def test_leftovers_die_when_the_leader_exits():
     r = py(code, limits=Limits(wall_time="60s"), capture_output=True, text=True)
     assert r.returncode == 0
     assert not wait_gone([int(r.stdout)], 2)
+
+
+@needs_cgroup
+def test_a_leftover_nobody_reads_from_dies_at_the_leaders_exit(tmp_path):
+    # No pipe: the supervisor does not watch the exit, and the caller's
+    # reap alone ends the leftover, before the with-block is left.  A
+    # cgroup made ahead (the pool's, after a first sandbox of the kind)
+    # answers "anything left?" from its task count.
+    pidfile = tmp_path / "pid"
+    code = f"""
+        import os, subprocess, sys
+        p = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            start_new_session=True,
+        )
+        open({str(pidfile)!r}, "w").write(str(p.pid))
+    """
+    lim = Limits(memory="200Mi", pids=20)
+    for _ in range(20):
+        with sbxlimit.Popen([PY, "-c", textwrap.dedent(code)], limits=lim) as p:
+            cg = p._sbx.cgroup
+            pooled = cg is not None and cg.count_fd >= 0
+            assert p.wait() == 0
+            # The supervisor would end it too, but only at its next pass.
+            assert not wait_gone([int(pidfile.read_text())], 0.005)
+        if pooled or SITE.version == 2:
+            break
+        time.sleep(0.1)  # the pool makes the next one meanwhile
+    else:
+        pytest.fail("no cgroup of the kind came from the pool")
+
+
+@pytest.mark.skipif(SITE.version != 1, reason="v1's task count (v2 writes cgroup.kill)")
+def test_the_task_count_tells_a_zombie_leader_alone_from_a_leftover():
+    cg = Cgroup.create(SITE, f"sbx-{os.getpid():x}-count", ())
+    try:
+        cg.arm(())
+        assert cg.count_fd >= 0
+        r, w = os.pipe()
+        leader = os.fork()
+        if leader == 0:  # joins, leaves a sleeper, exits
+            for path in cg.dirs.values():
+                with open(os.path.join(path, "tasks"), "w") as f:
+                    f.write("0")
+            if os.fork() == 0:
+                os.close(r)
+                time.sleep(60)
+                os._exit(0)
+            os._exit(0)
+        os.close(w)
+        os.waitid(os.P_PID, leader, os.WEXITED | os.WNOWAIT)
+        assert not cg._only_the_leader()  # the zombie and the sleeper
+        left = cg.pids()
+        assert len(left) == 1
+        os.kill(left[0], signal.SIGKILL)
+        os.read(r, 1)  # EOF: the sleeper is gone
+        os.close(r)
+        deadline = time.monotonic() + 5
+        while not cg._only_the_leader() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert cg._only_the_leader()  # the zombie alone
+        os.waitpid(leader, 0)
+        assert cg._only_the_leader()
+    finally:
+        cg.kill()
+        cg.remove()
 
 
 @needs_cgroup
