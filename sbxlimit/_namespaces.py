@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import os
 import queue
+import re
 import shutil
 import socket
 import sys
@@ -32,7 +33,7 @@ from ._cgroup import fd_budget
 from ._errors import ConfigError
 from ._landlock import writable_rights
 from ._plan import Plan, Request
-from ._platform import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER
+from ._platform import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER
 from ._policy import Policy
 from ._protected import MAX_DEPTH, TTL, within
 
@@ -207,6 +208,12 @@ def plan_files(p: Plan, r: Request) -> None:
         p.ro_view = True
         _take(p, CLONE_NEWNS, view)
         held.append(view.label("mountns") + ":ro-view")
+        # System V shared memory, semaphores and message queues belong to
+        # the IPC namespace, not to a file: the host's are reachable by key
+        # or id from anywhere in it.  Where one can be made, so can this.
+        if namespaces(CLONE_NEWNS | CLONE_NEWIPC).ok:
+            _take(p, CLONE_NEWIPC, view)
+            held.append("ipcns")
     if p.landlock >= 1:
         held.append(f"landlock:abi{p.landlock}")
     what = [
@@ -516,8 +523,18 @@ def _view(
     roots += policy.writable_roots
     rw = sorted({real(r) for r in roots}, key=_depth_first)
     ro_root = "/" not in rw
-    own_dev = not any(within("/dev", r) for r in rw)
+    # Only /dev itself, named as writable, keeps the host's: "/" does not
+    # (its raw disks, every terminal; docs/SECURITY.md).
+    own_dev = "/dev" not in rw
     out: View = [(_rw_kind(r), os.fsencode(r), b"") for r in rw if r != "/"]
+    # The kernel's own filesystems stay read-only under a writable root
+    # ("/" above all): uid 0 needs no capability to write most of
+    # /proc/sys (core_pattern runs a program as root on the host), its own
+    # cgroup's limits, or another process's oom_score_adj.
+    for point in _kernel_mounts():
+        under = any(within(point, r) and point != r for r in rw)
+        if under and not (own_dev and within(point, "/dev")):
+            out.append((_core.VIEW_RO, os.fsencode(point), b""))
     if own_dev or os.path.isdir("/dev/shm"):
         # A private one: the host's is read-only in the view, and shared
         # memory of other processes is none of the sandbox's business.
@@ -533,6 +550,61 @@ def _view(
             data = b"" if source == path else os.fsencode(source)
             out.append((_core.VIEW_RO, os.fsencode(path), data))
     return out, ro_root, own_dev, rw, read_only
+
+
+# Filesystems whose files are the kernel's settings and other processes'.
+_KERNEL_FS = frozenset(
+    [
+        "proc",
+        "sysfs",
+        "cgroup",
+        "cgroup2",
+        "securityfs",
+        "debugfs",
+        "tracefs",
+        "bpf",
+        "configfs",
+        "efivarfs",
+        "pstore",
+        "fusectl",
+        "mqueue",
+        "binfmt_misc",
+        "devtmpfs",
+        "devpts",
+        "selinuxfs",
+        "nsfs",
+        "rpc_pipefs",
+        "nfsd",
+        "hugetlbfs",
+    ]
+)
+
+
+def _kernel_mounts() -> list[str]:
+    """Mount points of the kernel's filesystems, outermost only (a
+    recursive bind covers what is mounted beneath)."""
+    points = []
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields, sep, rest = line.partition(b" - ")
+        parts = fields.split()
+        if sep and len(parts) >= 5 and rest.split(b" ", 1)[0].decode() in _KERNEL_FS:
+            # Octal escapes for space, tab, newline and backslash.
+            points.append(os.fsdecode(re.sub(rb"\\([0-7]{3})", _octal, parts[4])))
+    points.sort(key=_depth_first)
+    outer: list[str] = []
+    for p in points:
+        if not any(within(p, o) for o in outer):
+            outer.append(p)
+    return outer
+
+
+def _octal(m: re.Match[bytes]) -> bytes:
+    return bytes([int(m.group(1), 8)])
 
 
 ReadOnly = dict[str, str]

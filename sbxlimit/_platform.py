@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     Planner = Callable[[Plan, Request], None]
 
 __all__ = [
+    "CLONE_NEWIPC",
     "CLONE_NEWNET",
     "CLONE_NEWNS",
     "CLONE_NEWPID",
@@ -41,6 +42,7 @@ WINDOWS = sys.platform == "win32"  # Job Objects (_winjob); no rlimits, no cgrou
 
 # linux/sched.h
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWIPC = 0x08000000
 CAP_SETPCAP, CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 8, 21, 24
 
 

@@ -11,6 +11,7 @@ needs what this machine lacks skips with doctor's reason.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -45,6 +46,8 @@ FILTER = LINUX and sbxlimit._core.HAS_SECCOMP and seccomp_works()
 MNT = namespaces(CLONE_NEWNS) if LINUX else None
 NET = namespaces(CLONE_NEWNET) if LINUX else None
 POLICY = Policy(protect_dotfiles=False)
+# "/" writable: the whole host, but not the kernel's filesystems nor /dev.
+WHOLE_HOST = Policy(protect_dotfiles=False, workdir="/")
 
 needs_root = pytest.mark.skipif(not ROOT, reason=f"the attack needs root ({privileges()})")
 needs_filter = pytest.mark.skipif(not FILTER, reason=why_not("seccomp") if LINUX else "")
@@ -304,10 +307,12 @@ OWN_DEV = {
 
 
 @needs_ro_view
-def test_the_hosts_device_nodes_are_not_there():
+@pytest.mark.parametrize("policy", [POLICY, WHOLE_HOST], ids=["workspace", "workdir=/"])
+def test_the_hosts_device_nodes_are_not_there(policy):
     host = set(os.listdir("/dev")) - OWN_DEV  # disks, loop devices, kmsg, kvm ...
     got = attack(
-        f"""
+        policy=policy,
+        code=f"""
         out["dev"] = sorted(os.listdir("/dev"))
         for name in {sorted(host)!r}:
             path = "/dev/" + name
@@ -316,7 +321,7 @@ def test_the_hosts_device_nodes_are_not_there():
         with open("/dev/null", "w") as f:
             f.write("fine")
         out["urandom"] = len(open("/dev/urandom", "rb").read(8))
-        """
+        """,
     )
     assert set(got.pop("dev")) == OWN_DEV  # type: ignore[arg-type]
     assert got.pop("urandom") == 8
@@ -357,6 +362,39 @@ def test_other_processes_roots_lead_nowhere(victim_file):
     assert snapshot(victim_file) == before
 
 
+@pytest.mark.skipif(not LINUX or not MNT.ok, reason=why_not("mount_namespace") if LINUX else "")
+def test_the_hosts_system_v_ipc_is_out_of_reach():
+    # The caller's shared memory segment and message queue, by key and by
+    # id: the sandbox's own IPC namespace has neither.
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x5B0000 + os.getpid() % 0xFFFF
+    shm = libc.shmget(key, 4096, 0o1600)  # IPC_CREAT | 0600
+    msq = libc.msgget(key, 0o1600)
+    assert shm >= 0 and msq >= 0, ctypes.get_errno()
+    try:
+        got = attack(
+            f"""
+            for name, call in (
+                ("shmget", lambda: libc.shmget({key}, 0, 0)),
+                ("shmat", lambda: libc.shmat({shm}, None, 0)),
+                ("msgget", lambda: libc.msgget({key}, 0)),
+                ("msgctl IPC_RMID", lambda: libc.msgctl({msq}, 0, None)),
+            ):
+                out[name] = "ok" if call() != -1 else errno.errorcode[ctypes.get_errno()]
+            """
+        )
+        assert got == {
+            "shmget": "ENOENT",
+            "shmat": "EINVAL",
+            "msgget": "ENOENT",
+            "msgctl IPC_RMID": "EINVAL",
+        }, got
+        assert libc.msgget(key, 0) == msq  # still there
+    finally:
+        libc.shmctl(shm, 0, None)  # IPC_RMID
+        libc.msgctl(msq, 0, None)
+
+
 def test_shared_memory_and_semaphores_work_inside():
     got = attack(
         """
@@ -392,10 +430,11 @@ for p in paths:
 """
 
 
-def test_kernel_settings_and_cgroup_files_cannot_be_opened_for_writing():
+@pytest.mark.parametrize("policy", [POLICY, WHOLE_HOST], ids=["workspace", "workdir=/"])
+def test_kernel_settings_and_cgroup_files_cannot_be_opened_for_writing(policy):
     # A root program needs no capability for most of /proc/sys (core_pattern
     # runs a program as root on the host) or for its own cgroup's limits.
-    got = attack(KERNEL_KNOBS, limits=Limits(memory="1Gi", pids=512))
+    got = attack(KERNEL_KNOBS, limits=Limits(memory="1Gi", pids=512), policy=policy)
     assert got and "ok" not in got.values(), {k: v for k, v in got.items() if v == "ok"}
 
 
