@@ -397,3 +397,55 @@ def test_a_sandbox_s_private_tmpfs_is_not_granted_to_the_next(tmp_path):
     finally:
         first.communicate(b"")
     assert first.returncode == 0
+
+
+MEANWHILE = """
+import json, os, sys
+print("ready", flush=True)
+sys.stdin.readline()  # the host has mounted meanwhile
+out = {}
+for name, change in (
+    ("chmod", lambda p: os.chmod(p, 0o777)),
+    ("utime", lambda p: os.utime(p, (0, 0))),
+    ("setxattr", lambda p: os.setxattr(p, "user.sbx", b"1")),
+    ("write", lambda p: open(p, "a").write("x")),
+):
+    try:
+        change(sys.argv[1])
+        out[name] = "ok"
+    except OSError as e:
+        out[name] = e.strerror
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting on the host takes root")
+def test_a_mount_the_host_makes_meanwhile_does_not_come_in_writable(tmp_path):
+    # systemd makes "/" shared: a volume or a login's /run/user mounted on
+    # the host while a sandbox runs would come into its view with its own
+    # flags.  Modelled with a shared mount of our own.
+    shared, src = tmp_path / "shared", tmp_path / "src"
+    (shared / "mnt").mkdir(parents=True)
+    src.mkdir()
+    victim = src / "victim"
+    victim.write_text("precious")
+    os.utime(victim, (1_000_000, 1_000_000))
+    before = state(src)
+    subprocess.run(["mount", "--bind", shared, shared], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", shared], check=True)
+        with sbxlimit.Popen(
+            [PY, "-c", MEANWHILE, str(shared / "mnt" / "victim")],
+            policy=Policy(protect_dotfiles=False),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as p:
+            assert p.stdout.readline() == "ready\n"
+            subprocess.run(["mount", "--bind", src, shared / "mnt"], check=True)
+            out, _ = p.communicate("go\n", timeout=30)
+        got = json.loads(out)
+    finally:
+        subprocess.run(["umount", "-R", shared], check=False)
+    assert "ok" not in got.values(), got
+    assert state(src) == before

@@ -143,12 +143,14 @@ fail:
     return -1;
 }
 
-/* Mounts made from here on stay in this namespace; the host's still reach
- * us.  Without this, a shared "/" (systemd's default) would carry the
- * tmpfs, and a new /proc, back to the host. */
-static int make_slave(void)
+/* Mounts made from here on stay in this namespace, and the host's do not
+ * come in.  Without this, a shared "/" (systemd's default) would carry the
+ * tmpfs, and a new /proc, back to the host; as a slave, a mount the host
+ * made meanwhile (a volume, a login's /run/user) would come in with its
+ * own flags, writable, past the read-only view. */
+static int make_private(void)
 {
-    return mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
+    return mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
 }
 
 /* ---- the read-only view ------------------------------------------------ */
@@ -623,7 +625,7 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
     if (s->proxy_port > 0 && s->tmpfs_sock >= 0)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_PROXY, s->proxy_port, publish_listener(s));
     if (s->ns_flags & CLONE_NEWNS)
-        SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 0, make_slave());
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 0, make_private());
     if ((s->ns_flags & CLONE_NEWNS) && (s->view_ro_root || s->n_view))
         view_begin_child(ctx);
     if ((s->ns_flags & CLONE_NEWNS) && s->tmpfs_path) {
@@ -717,7 +719,7 @@ int sbx_ns_probe_child(long flags)
     if ((flags & CLONE_NEWNET) && loopback_up() < 0)
         return -1;
     if (flags & CLONE_NEWNS) {
-        if (make_slave() < 0)
+        if (make_private() < 0)
             return -1;
         /* Over "/" of this private namespace: always there, seen by no one. */
         if (mount("tmpfs", "/", "tmpfs", MS_NOSUID | MS_NODEV, "size=4k,mode=0700") < 0)
