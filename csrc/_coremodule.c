@@ -267,7 +267,7 @@ static int to_view(PyObject *seq, struct spec_storage *st, size_t *n_out)
                               "iy#y#;view items are (kind, path, data)", &v->kind, &v->path, &plen,
                               &v->data, &dlen))
             goto fail;
-        if (v->kind < SBX_VIEW_RW || v->kind > SBX_VIEW_TMPFS || plen == 0 ||
+        if (v->kind < SBX_VIEW_RW || v->kind > SBX_VIEW_PIN || plen == 0 ||
             strlen(v->path) != (size_t)plen || strlen(v->data) != (size_t)dlen) {
             PyErr_SetString(PyExc_ValueError, "view: bad kind, or an empty path or a NUL byte");
             goto fail;
@@ -1392,6 +1392,7 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "VIEW_HIDE_DIR", SBX_VIEW_HIDE_DIR) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_HIDE", SBX_VIEW_HIDE) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_TMPFS", SBX_VIEW_TMPFS) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_PIN", SBX_VIEW_PIN) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_MAX_RW", SBX_VIEW_MAX_RW) < 0 ||
         PyModule_AddIntConstant(m, "HOW_VM", SBX_HOW_VM) < 0 ||
         PyModule_AddIntConstant(m, "HOW_CLONE3", SBX_HOW_CLONE3) < 0 ||

@@ -33,6 +33,7 @@ VIEW_RO: int
 VIEW_HIDE_DIR: int
 VIEW_HIDE: int
 VIEW_TMPFS: int
+VIEW_PIN: int
 VIEW_MAX_RW: int
 HOW_VM: int
 HOW_CLONE3: int

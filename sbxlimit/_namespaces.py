@@ -454,11 +454,14 @@ def view(
     # where the protected paths are a best effort (docs/SECURITY.md).
     # deny_write's entries after the protected paths' (as in Landlock).
     out = list(out)
-    for path, source in _read_only(policy.deny_write).items():
+    deny_write = _read_only(policy.deny_write)
+    deny_read = list(dict.fromkeys(os.path.realpath(x) for x in policy.deny_read))
+    out += [(_core.VIEW_PIN, os.fsencode(d), b"") for d in _pins([*deny_write, *deny_read], rw)]
+    for path, source in deny_write.items():
         if path not in held and any(within(path, r) for r in rw):
             data = b"" if source == path else os.fsencode(source)
             out.append((_core.VIEW_RO, os.fsencode(path), data))
-    for path in dict.fromkeys(os.path.realpath(x) for x in policy.deny_read):
+    for path in deny_read:
         if os.path.isdir(path):
             out.append((_core.VIEW_HIDE_DIR, os.fsencode(path), b""))
         elif os.path.lexists(path):
@@ -541,6 +544,8 @@ def _view(
         size = f",size={shm_size}" if shm_size else ""
         out.append((_core.VIEW_TMPFS, b"/dev/shm", f"mode=1777{size}".encode()))
     read_only = _read_only_cached(protected)
+    covered = [path for path in read_only if any(within(path, r) for r in rw)]
+    out += [(_core.VIEW_PIN, os.fsencode(d), b"") for d in _pins([*covered, *rw], rw)]
     for path, source in read_only.items():
         # Outside the writable trees the view is read-only already.  One
         # that does not exist is skipped by the child (ENOENT), not asked
@@ -550,6 +555,26 @@ def _view(
             data = b"" if source == path else os.fsencode(source)
             out.append((_core.VIEW_RO, os.fsencode(path), data))
     return out, ro_root, own_dev, rw, read_only
+
+
+def _pins(paths: Iterable[str], rw: list[str]) -> list[str]:
+    """The directories between each path and the innermost writable root
+    it lies in, outermost first.  Each becomes a mount point of its own: the
+    program could otherwise rename one away with what the view covers
+    beneath it (a bound .git/config, a hidden secret, a nested writable
+    root), and put a directory, a file or a link of its own in its place for
+    git, or for the next spawn's resolution, to follow."""
+    out: dict[str, None] = {}
+    for path in paths:
+        holders = [r for r in rw if within(path, r) and path != r]
+        if not holders:
+            continue
+        root = max(holders, key=len)
+        d = os.path.dirname(path)
+        while d != root and within(d, root):
+            out[d] = None
+            d = os.path.dirname(d)
+    return sorted(out, key=_depth_first)
 
 
 # Filesystems whose files are the kernel's settings and other processes'.

@@ -449,3 +449,62 @@ def test_a_mount_the_host_makes_meanwhile_does_not_come_in_writable(tmp_path):
         subprocess.run(["umount", "-R", shared], check=False)
     assert "ok" not in got.values(), got
     assert state(src) == before
+
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+def test_what_the_view_covers_cannot_be_moved_away_through_a_directory_above_it(home):
+    # Each protected path is a mount point; the directories on the way to
+    # it from the writable root are not, unless the view makes them so:
+    # renamed away with the bound file beneath, they would leave the name
+    # free for the program's own .git, ~/.config/git/config or secret.
+    (home / ".config" / "git").mkdir(parents=True)
+    (home / ".config" / "git" / "config").write_text("[user]\n")
+    g = home / "a" / "b" / "deep" / ".git"
+    before = state(home)
+    r = sh(
+        f"""
+        dotgit mv {home}/proj/.git {home}/proj/.git.old
+        dotgit_over sh -c 'mkdir -p {home}/x/hooks && mv -T {home}/x {home}/proj/.git'
+        gitdir_file sh -c 'echo gitdir: /tmp > {home}/f && mv -T {home}/f {home}/proj/.git'
+        repo mv {home}/proj {home}/proj2
+        deep_parent mv {home}/a {home}/a2
+        deep_dotgit mv {g} {g}.old
+        config_dir mv {home}/.config {home}/.config.old
+        config_git mv {home}/.config/git {home}/.config/git.old
+        """,
+        Policy(writable_roots=[str(home)]),
+    )
+    assert all(v != 0 for v in r.values()), {k: v for k, v in r.items() if v == 0}
+    shutil.rmtree(home / "x")
+    os.unlink(home / "f")
+    assert state(home) == before
+
+
+def test_a_denied_path_and_a_nested_writable_root_keep_their_place(tmp_path):
+    # Renaming a parent would move the hidden secret (or the nested root's
+    # mount) aside; the next spawn, resolving the same names again, would
+    # then find the secret elsewhere, or follow a link planted in its place.
+    proj = tmp_path / "proj"
+    (proj / "config").mkdir(parents=True)
+    (proj / "config" / "secrets.env").write_text("API_KEY=1\n")
+    (proj / "build" / "out").mkdir(parents=True)
+    policy = Policy(
+        workdir=str(proj),
+        writable_roots=[str(proj / "build" / "out")],
+        deny_read=[str(proj / "config" / "secrets.env")],
+        protect_dotfiles=False,
+    )
+    before = state(proj)
+    r = sh(
+        f"""
+        secret_parent mv {proj}/config {proj}/config.d
+        root_parent mv {proj}/build {proj}/build.old
+        root_link sh -c 'rm -rf {proj}/build && ln -s /tmp {proj}/build'
+        """,
+        policy,
+    )
+    assert all(v != 0 for v in r.values()), {k: v for k, v in r.items() if v == 0}
+    assert state(proj) == before
+    # And everything else in the root is as writable as before.
+    ok = sh(f"new mkdir {proj}/config/more\nmove mv {proj}/config/more {proj}/more", policy)
+    assert ok == {"new": 0, "move": 0}

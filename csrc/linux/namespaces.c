@@ -180,18 +180,24 @@ static int attach(int fd, const char *path, uint64_t set)
     return (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, path, SBX_MOVE_MOUNT_F_EMPTY);
 }
 
-/* Bind the tree at src read-only over path. */
-static int bind_ro(const char *src, const char *path, unsigned recursive)
+/* Bind the tree at src over path, with `set` added to its flags. */
+static int bind_tree(const char *src, const char *path, unsigned recursive, uint64_t set)
 {
     int saved, rc, fd = clone_tree(src, recursive);
 
     if (fd < 0)
         return -1;
-    rc = attach(fd, path, SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID);
+    rc = attach(fd, path, set);
     saved = errno;
     close(fd);
     errno = saved;
     return rc;
+}
+
+/* Bind the tree at src read-only over path. */
+static int bind_ro(const char *src, const char *path, unsigned recursive)
+{
+    return bind_tree(src, path, recursive, SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID);
 }
 
 static int writable(const struct sbx_view *v)
@@ -335,6 +341,13 @@ static int view_entry(const struct sbx_spec *s, const struct sbx_view *v)
         if (mount("tmpfs", v->path, "tmpfs", MS_NOSUID | MS_NODEV, v->data) < 0)
             return -1;
         return allow_root(s, v->path);
+    case SBX_VIEW_PIN:
+        /* Recursive: what is mounted beneath (a writable root, a protected
+         * path) comes along.  A mount point of this namespace cannot be
+         * renamed or removed in it (EBUSY): the path below stays where the
+         * view covers it. */
+        return bind_tree(v->path, v->path, SBX_AT_RECURSIVE,
+                         SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NODEV);
     default:
         return 0;
     }
