@@ -212,6 +212,16 @@ class _Listings:
                 return None
             return hit[1], hit[2]
 
+    def current(self, roots: tuple[str, ...]) -> bool:
+        """The listing of `roots` is kept, watched, and nothing it depends
+        on changed since it was made."""
+        with _lock:
+            if roots not in self.kept:
+                return False
+            self._drain()
+            hit = self.kept.get(roots)
+            return hit is not None and not hit[0]
+
     def _drain(self) -> None:
         if self.fd < 0:
             return
@@ -296,8 +306,8 @@ _SKIP_LIST = sorted(_SKIP - {".git"})
 
 
 # Spawns come in bursts (an agent's tool calls): the search of the same
-# roots is reused for this long.  A repository made meanwhile is found by
-# the next search.
+# roots is reused for this long, and no longer than its listing, which a
+# change in the tree ends at once (_Listings).
 TTL = 1.0
 _cache: dict[tuple[str | None, tuple[str, ...], bool], tuple[float, Found]] = {}
 _lock = threading.Lock()
@@ -327,7 +337,9 @@ def protected(home: str | None, roots: Iterable[str], *, darwin: bool = DARWIN) 
     now = time.monotonic()
     with _lock:
         hit = _cache.get(key)
-    if hit is not None and now - hit[0] < TTL:
+    # Reused while its listing is: a repository made since, even a moment
+    # before this spawn, is found (the listing's watch saw it).
+    if hit is not None and now - hit[0] < TTL and (not key[1] or _listings.current(key[1])):
         return hit[1]
     found = _protected(home, key[1], darwin)
     with _lock:

@@ -508,3 +508,24 @@ def test_a_denied_path_and_a_nested_writable_root_keep_their_place(tmp_path):
     # And everything else in the root is as writable as before.
     ok = sh(f"new mkdir {proj}/config/more\nmove mv {proj}/config/more {proj}/more", policy)
     assert ok == {"new": 0, "move": 0}
+
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+def test_a_repository_made_just_before_a_spawn_is_protected_in_it(home):
+    # The search of the same roots is reused from one spawn to the next,
+    # but not past a change in the tree: the caller's `git init` is seen.
+    policy = Policy(writable_roots=[str(home)])
+    assert sh("first true", policy) == {"first": 0}
+    new = home / "fresh"
+    subprocess.run([GIT, "init", "-q", str(new)], check=True, env={**os.environ, **GIT_ENV})
+    config = (new / ".git" / "config").read_bytes()
+    r = sh(
+        f"""
+        config sh -c 'echo "[core] fsmonitor = evil" >> {new}/.git/config'
+        hook sh -c 'echo evil > {new}/.git/hooks/pre-commit'
+        """,
+        policy,
+    )
+    assert all(v != 0 for v in r.values()), r
+    assert (new / ".git" / "config").read_bytes() == config
+    assert not (new / ".git" / "hooks" / "pre-commit").exists()
