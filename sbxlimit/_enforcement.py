@@ -43,6 +43,7 @@ class Mechanism(enum.StrEnum):
     USERNS = "userns"  # the namespaces after it are made inside a user namespace
     MOUNTNS = "mountns"
     NETNS = "netns"
+    IPCNS = "ipcns"  # System V IPC of its own
     PIDNS = "pidns"
     LANDLOCK = "landlock"
     SECCOMP = "seccomp"
