@@ -1151,11 +1151,17 @@ def plan_memory(p: Plan, r: Request) -> None:
         p.cg_ends += (("memory", n, mech),)
 
 
+_PID_MAX_LIMIT = 4 * 1024 * 1024  # linux/threads.h, 64-bit
+
+
 def plan_pids(p: Plan, r: Request) -> None:
     lim, site = r.limits, r.site
     if lim is None or lim.pids is None or not site.has("pids") or not p.takes("pids"):
         return
-    p.cgroup_settings += (("" if site.version == 2 else "pids", "pids.max", str(lim.pids)),)
+    # Past the kernel's own bound (PID_MAX_LIMIT) no count can be reached,
+    # and pids.max refuses the number: no limit is the same limit.
+    n = str(lim.pids) if lim.pids <= _PID_MAX_LIMIT else "max"
+    p.cgroup_settings += (("" if site.version == 2 else "pids", "pids.max", n),)
     mech = f"{site.label}:pids.max"
     p.hold("pids", mech)
     p.pids_by = Holder.CGROUP

@@ -305,7 +305,9 @@ def classify(
         return ended("memory", memory_limit, usage.memory_peak, mech)
     if sig is not None and cpu_time_limit is not None:
         mech = enforced.get("cpu_time", "rlimit:RLIMIT_CPU")
-        if sig == _signal.SIGXCPU:
+        # The kernel's SIGXCPU comes at the limit (RLIMIT_CPU, whole
+        # seconds, rounded up): with less used, the program sent it itself.
+        if sig == _signal.SIGXCPU and (cpu_used is None or cpu_used >= cpu_time_limit * 0.9):
             return ended("cpu_time", cpu_time_limit, cpu_used, mech)
         # The hard limit (soft + 1 s) kills with SIGKILL a program that
         # caught or ignored SIGXCPU; rusage proves the CPU was used.  Not

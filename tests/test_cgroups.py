@@ -1138,3 +1138,11 @@ def test_a_limit_kill_does_not_wait_on_a_freeze_in_the_supervisor(monkeypatch):
         release.set()
         killed.kill_tree(grace=0)
     assert get_monitor().drain(5) and mine() == []
+
+
+@needs_cgroup
+def test_a_pids_limit_past_the_kernels_bound_runs():
+    # Limits accepts counts up to 2**62; pids.max refuses one past
+    # PID_MAX_LIMIT, which no sandbox can reach anyway.
+    r = py("pass", limits=Limits(pids=2**23))
+    assert r.returncode == 0 and r.termination.reason == "exited"

@@ -213,6 +213,44 @@ def test_cpu_time_counts_the_whole_sandbox() -> None:
     assert r.usage.cpu_total is not None and r.usage.cpu_total >= 2
 
 
+ZOMBIE_BURNERS = """
+import os, time
+for _ in range(6):
+    pid = os.fork()
+    if pid == 0:
+        t = time.process_time()
+        while time.process_time() - t < 0.7:
+            pass
+        os._exit(0)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # waited for, never reaped
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("site", [None, "none"], ids=["default", "no-cgroup"])
+def test_cpu_time_counts_children_left_unreaped(site: str | None) -> None:
+    """Children that burn CPU and stay zombies: their seconds are in no
+    live process's figures and in no parent's yet."""
+    r = sbxlimit.run(
+        [PY, "-c", ZOMBIE_BURNERS],
+        limits=sbxlimit.Limits(wall_time=WALL, cpu_time=1, kill_grace=0.5),
+        sample_interval="100ms",
+        cgroup_parent=site,
+    )
+    t = r.termination
+    assert t.reason == "cpu_time", (t, r.enforced)
+    assert t.observed is not None and t.observed >= 1
+
+
+def test_a_signal_the_program_sends_itself_is_not_a_limit() -> None:
+    """SIGXCPU raised by the program, with next to no CPU used, is its own
+    doing: a verdict of cpu_time would send the user to raise a limit that
+    was never reached."""
+    r = run(["sh", "-c", "kill -XCPU $$"], cpu_time=60)
+    t = r.termination
+    assert t.reason == "signaled" and not t.is_limit, t
+
+
 @needs_stress
 def test_stress_ng_cpu_under_cpu_time() -> None:
     assert STRESS is not None

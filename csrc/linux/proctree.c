@@ -314,13 +314,35 @@ static int read_ran(pid_t pid, uint64_t *ns)
     return 0;
 }
 
+/* Add pid's CPU seconds to out: its own and those of the children it
+ * reaped, as in a cgroup (an orphan's go to whoever reaps it: PID 1 of a
+ * PID namespace is in the tree). */
+static void add_cpu(pid_t pid, long ticks, char *buf, size_t size, struct sbx_tree_sample *out)
+{
+    char path[64];
+    const char *rp;
+    unsigned long long ut = 0, stt = 0, cut = 0, cst = 0;
+
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (read_small(path, buf, size) <= 0 || (rp = strrchr(buf, ')')) == NULL)
+        return;
+    /* after ")": state(3) ppid pgrp session tty tpgid flags minflt cminflt
+     * majflt cmajflt utime(14) stime(15) cutime cstime */
+    if (sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu", &ut, &stt,
+               &cut, &cst) == 4 &&
+        ticks > 0) {
+        out->cpu_user += (double)(ut + cut) / (double)ticks;
+        out->cpu_system += (double)(stt + cst) / (double)ticks;
+    }
+}
+
 static int walk(pid_t root, int skip_root, struct sbx_tree_cache *cache,
                 struct sbx_tree_sample *out)
 {
     static long ticks;
     struct sample_walk w;
     size_t i;
-    char path[64], buf[4096];
+    char buf[4096];
     int cacheable = cache != NULL;
 
     if (!ticks)
@@ -333,7 +355,6 @@ static int walk(pid_t root, int skip_root, struct sbx_tree_cache *cache,
         return -1;
     for (i = 0; i < w.v.n; i++) {
         pid_t pid = w.v.pid[i];
-        const char *rp;
         struct status st;
         uint64_t ran = 0;
 
@@ -352,6 +373,10 @@ static int walk(pid_t root, int skip_root, struct sbx_tree_cache *cache,
                 out->procs++;
                 out->tasks++;
             }
+            /* Its CPU time too, until its parent reaps it (then it is the
+             * parent's): a child that burns CPU and is never reaped must
+             * not take its seconds out of cpu_time's count. */
+            add_cpu(pid, ticks, buf, sizeof buf, out);
             continue;
         }
         if (cacheable) {
@@ -371,20 +396,7 @@ static int walk(pid_t root, int skip_root, struct sbx_tree_cache *cache,
             out->memory += 1024ULL * (st.rss_anon_kb + st.rss_shmem_kb + st.swap_kb);
         }
 
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-        if (read_small(path, buf, sizeof buf) > 0 && (rp = strrchr(buf, ')')) != NULL) {
-            unsigned long long ut = 0, stt = 0, cut = 0, cst = 0;
-            /* after ")": state(3) ppid pgrp session tty tpgid flags minflt
-             * cminflt majflt cmajflt utime(14) stime(15) cutime cstime: the
-             * children it reaped count, as in a cgroup (an orphan's go to
-             * whoever reaps it: PID 1 of a PID namespace is in the tree). */
-            if (sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu",
-                       &ut, &stt, &cut, &cst) == 4 &&
-                ticks > 0) {
-                out->cpu_user += (double)(ut + cut) / (double)ticks;
-                out->cpu_system += (double)(stt + cst) / (double)ticks;
-            }
-        }
+        add_cpu(pid, ticks, buf, sizeof buf, out);
         if (for_each_child_of(pid, st.threads <= 1, sample_push, &w) < 0 && errno == E2BIG)
             break;
     }
