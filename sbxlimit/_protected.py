@@ -213,14 +213,14 @@ class _Listings:
             return hit[1], hit[2]
 
     def current(self, roots: tuple[str, ...]) -> bool:
-        """The listing of `roots` is kept, watched, and nothing it depends
-        on changed since it was made."""
+        """The listing of `roots` is kept: watched, nothing it depends on
+        changed since it was made; or, unwatched, made less than TTL ago."""
         with _lock:
             if roots not in self.kept:
                 return False
             self._drain()
             hit = self.kept.get(roots)
-            return hit is not None and not hit[0]
+            return hit is not None and (not hit[0] or time.monotonic() - hit[0] < TTL)
 
     def _drain(self) -> None:
         if self.fd < 0:
