@@ -475,8 +475,6 @@ if hasattr(os, "register_at_fork"):
 _HAS_FS_BATCH = hasattr(_core, "fs_batch")  # the POSIX core's
 
 
-# Linux 5.3 keeps a zombie in its cgroup, charged to the pids controller
-# until it is reaped; before, it was uncharged at its exit.
 def _kernel_at_least(*want: int) -> bool:
     try:
         got = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
@@ -485,6 +483,8 @@ def _kernel_at_least(*want: int) -> bool:
     return got >= want
 
 
+# Linux 5.3 keeps a zombie in its cgroup, charged to the pids controller
+# until it is reaped; before, it was uncharged at its exit.
 _ZOMBIE_COUNTED = 1 if _kernel_at_least(5, 3) else 0
 
 OPTIONAL = frozenset({"memory.swap.max", "memory.memsw.limit_in_bytes", "memory.oom.group"})

@@ -5,22 +5,40 @@ read from /proc/self/mounts and /proc/self/cgroup.  Shared by doctor(),
 from __future__ import annotations
 
 import os
+import re
 
-__all__ = ["mounts", "own_cgroups", "sandbox_parents", "v2_mount"]
+__all__ = ["mount_table", "mounts", "own_cgroups", "sandbox_parents", "v2_mount"]
+
+
+def mount_table() -> list[tuple[str, str, str]]:
+    """(mount point, filesystem type, options) of every mount this process
+    sees, in the kernel's order."""
+    try:
+        with open("/proc/self/mounts", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 4:
+            # Octal escapes for space, tab, newline and backslash.
+            point = re.sub(rb"\\([0-7]{3})", _octal, parts[1])
+            out.append((os.fsdecode(point), parts[2].decode(), parts[3].decode()))
+    return out
+
+
+def _octal(m: re.Match[bytes]) -> bytes:
+    return bytes([int(m.group(1), 8)])
 
 
 def mounts() -> list[tuple[str, str, set[str]]]:
     """(mount point, "cgroup" or "cgroup2", options) of every cgroup mount."""
-    out = []
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
-                    out.append((parts[1], parts[2], set(parts[3].split(","))))
-    except OSError:
-        pass
-    return out
+    return [
+        (point, kind, set(opts.split(",")))
+        for point, kind, opts in mount_table()
+        if kind in ("cgroup", "cgroup2")
+    ]
 
 
 def own_cgroups() -> dict[str, str]:

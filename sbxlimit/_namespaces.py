@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import os
 import queue
-import re
 import shutil
 import socket
 import sys
@@ -30,6 +29,7 @@ from collections.abc import Iterable
 
 from . import _core, _landlock, _platform, _seccomp, _watchdog, _workspace
 from ._cgroup import fd_budget
+from ._cgroupfs import mount_table
 from ._errors import ConfigError
 from ._landlock import writable_rights
 from ._plan import Plan, Request
@@ -456,7 +456,10 @@ def view(
     out = list(out)
     deny_write = _read_only(policy.deny_write)
     deny_read = list(dict.fromkeys(os.path.realpath(x) for x in policy.deny_read))
-    out += [(_core.VIEW_PIN, os.fsencode(d), b"") for d in _pins([*deny_write, *deny_read], rw)]
+    pinned = {path for kind, path, _d in out if kind == _core.VIEW_PIN}
+    for d in _pins([*deny_write, *deny_read], rw):
+        if os.fsencode(d) not in pinned:
+            out.append((_core.VIEW_PIN, os.fsencode(d), b""))
     for path, source in deny_write.items():
         if path not in held and any(within(path, r) for r in rw):
             data = b"" if source == path else os.fsencode(source)
@@ -608,28 +611,12 @@ _KERNEL_FS = frozenset(
 def _kernel_mounts() -> list[str]:
     """Mount points of the kernel's filesystems, outermost only (a
     recursive bind covers what is mounted beneath)."""
-    points = []
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        fields, sep, rest = line.partition(b" - ")
-        parts = fields.split()
-        if sep and len(parts) >= 5 and rest.split(b" ", 1)[0].decode() in _KERNEL_FS:
-            # Octal escapes for space, tab, newline and backslash.
-            points.append(os.fsdecode(re.sub(rb"\\([0-7]{3})", _octal, parts[4])))
-    points.sort(key=_depth_first)
+    points = sorted((p for p, kind, _o in mount_table() if kind in _KERNEL_FS), key=_depth_first)
     outer: list[str] = []
     for p in points:
         if not any(within(p, o) for o in outer):
             outer.append(p)
     return outer
-
-
-def _octal(m: re.Match[bytes]) -> bytes:
-    return bytes([int(m.group(1), 8)])
 
 
 ReadOnly = dict[str, str]
