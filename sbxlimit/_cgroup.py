@@ -1054,23 +1054,23 @@ class Cgroup:
         return os.path.join(parent, "cpu.stat" if want == "" else "cpuacct.usage")
 
     def close_events(self) -> None:
-        for fd, _f in self.events:
-            os.close(fd)
-        self.events = []
+        # Each number forgotten before it is closed: os.close lets another
+        # thread run, and a fork then must not take the number, reused,
+        # for ours (Monitor.close_in_child).
+        events, self.events = self.events, []
         self.armed.clear()
+        for fd, _f in events:
+            os.close(fd)
 
     def remove(self) -> bool:
         """rmdir every directory; True when all are gone.  An EBUSY (still
         populated) leaves the rest for a later call."""
         if self.events:
             self.close_events()
-        if self.dirfd >= 0:
-            os.close(self.dirfd)
-            self.dirfd = -1
-        if self.count_fd >= 0:
-            os.close(self.count_fd)
-            self.count_fd = -1
-        fds, self.ready_procs = self.ready_procs, []
+        # Forgotten before closed, as in close_events.
+        fds = [fd for fd in (self.dirfd, self.count_fd) if fd >= 0] + self.ready_procs
+        self.dirfd = self.count_fd = -1
+        self.ready_procs = []
         for fd in fds:
             os.close(fd)
         # One core call for every directory (the supervisor removes these

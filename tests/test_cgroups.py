@@ -1146,3 +1146,35 @@ def test_a_pids_limit_past_the_kernels_bound_runs():
     # PID_MAX_LIMIT, which no sandbox can reach anyway.
     r = py("pass", limits=Limits(pids=2**23))
     assert r.returncode == 0 and r.termination.reason == "exited"
+
+
+@pytest.mark.skipif(SITE.version != 1, reason="v1's task count (v2 writes cgroup.kill)")
+def test_a_number_closed_and_given_again_is_not_claimed_by_the_cgroup(monkeypatch):
+    # os.close lets another thread run: one that opens a file gets the
+    # number just closed, and a fork then would close that file in its
+    # child if the cgroup still listed the number as its own.
+    cg = Cgroup.create(SITE, f"sbx-{os.getpid():x}-reuse", ())
+    cg.arm(())
+    assert cg.count_fd >= 0
+    import sbxlimit._cgroup as cgmod
+
+    real_close = os.close
+    claimed: list[int] = []
+
+    def close_then_reuse(fd: int) -> None:
+        real_close(fd)
+        other = os.open(os.devnull, os.O_RDONLY)  # the same number, most likely
+        try:
+            if other == fd and fd in cg.owned_fds():
+                claimed.append(fd)
+        finally:
+            real_close(other)
+
+    monkeypatch.setattr(cgmod.os, "close", close_then_reuse)
+    try:
+        cg.remove()
+    finally:
+        monkeypatch.setattr(cgmod.os, "close", real_close)
+        cg.kill()
+        cg.remove()
+    assert claimed == []
