@@ -116,14 +116,15 @@ class Pool:
                 None,
             )
             name = self._names.get(todo) if todo is not None else None
-        for cg in gone:
-            _remove(cg)
+        for old in gone:
+            _remove(old)
         if todo is None or name is None:
             return
         site, settings = todo
         cg_name = f"sbx-{name()}"
         with self._lock:
             self._making_dirs = tuple(os.path.join(p, cg_name) for _c, p in site.parents)
+        cg: Cgroup | None = None
         try:
             cg = Cgroup.create(site, cg_name, settings)
             with self._lock:
@@ -131,21 +132,23 @@ class Pool:
             # Ready to join and to watch: the spawn and the registration
             # then open nothing (see Cgroup.arm).
             cg.arm(_watched(settings))
+            with self._lock:
+                if not self._closed and todo in self._used:
+                    # Ready before no longer being made: a fork in between
+                    # would leave its child fds nobody lists (owned()).
+                    self._ready.setdefault(todo, []).append(cg)
+                    cg = None
         except OSError as e:
             # Spawns make their own, and say what failed; stop asking.
             log.debug("sbxlimit: cgroup pool: %s", e)
             with self._lock:
                 self._used.pop(todo, None)
-            return
         finally:
+            if cg is not None:
+                _remove(cg)  # still listed as being made while its fds close
             with self._lock:
                 self._making = None
                 self._making_dirs = ()
-        with self._lock:
-            if not self._closed and todo in self._used:
-                self._ready.setdefault(todo, []).append(cg)
-                return
-        _remove(cg)
 
     def dirs(self) -> set[str]:
         """The directories of its cgroups, ready or being made.  For a

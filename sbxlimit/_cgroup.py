@@ -449,8 +449,8 @@ def _kv(text: str) -> dict[str, int]:
 
 # A forked child closes the fds of ours it inherits: those recorded (by
 # identity) and any file in a cgroup directory of ours (Monitor
-# .close_in_child).  An eventfd is neither until it is recorded: a fork
-# waits for that moment to pass.
+# .close_in_child).  An eventfd is neither until it is recorded, nor
+# once forgotten until it is closed: a fork waits for both moments.
 _recording = threading.Lock()
 
 
@@ -469,6 +469,16 @@ def _fork_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_fork_waits, after_in_parent=_fork_done, after_in_child=_fork_child)
+
+
+def _close_forgotten(fds: list[int]) -> None:
+    """Close fds the caller has just forgotten, holding _recording from
+    before it forgot them: os.close lets other threads run, and a fork
+    then would leave its child an fd nobody records (an eventfd is in no
+    directory it looks in).  Forgotten first, so that a number given
+    again meanwhile is never taken for ours (Monitor.close_in_child)."""
+    for fd in fds:
+        os.close(fd)
 
 
 # Settings a kernel may lack (no swap accounting, older kernels): skipped.
@@ -1054,25 +1064,21 @@ class Cgroup:
         return os.path.join(parent, "cpu.stat" if want == "" else "cpuacct.usage")
 
     def close_events(self) -> None:
-        # Each number forgotten before it is closed: os.close lets another
-        # thread run, and a fork then must not take the number, reused,
-        # for ours (Monitor.close_in_child).
-        events, self.events = self.events, []
-        self.armed.clear()
-        for fd, _f in events:
-            os.close(fd)
+        with _recording:  # see _close_forgotten
+            events, self.events = self.events, []
+            self.armed.clear()
+            _close_forgotten([fd for fd, _f in events])
 
     def remove(self) -> bool:
         """rmdir every directory; True when all are gone.  An EBUSY (still
         populated) leaves the rest for a later call."""
         if self.events:
             self.close_events()
-        # Forgotten before closed, as in close_events.
-        fds = [fd for fd in (self.dirfd, self.count_fd) if fd >= 0] + self.ready_procs
-        self.dirfd = self.count_fd = -1
-        self.ready_procs = []
-        for fd in fds:
-            os.close(fd)
+        with _recording:  # see _close_forgotten
+            fds = [fd for fd in (self.dirfd, self.count_fd) if fd >= 0] + self.ready_procs
+            self.dirfd = self.count_fd = -1
+            self.ready_procs = []
+            _close_forgotten(fds)
         # One core call for every directory (the supervisor removes these
         # while callers spawn: the GIL is released once).
         items = list(self.dirs.items())

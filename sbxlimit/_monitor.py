@@ -1297,8 +1297,9 @@ class Monitor:
 
 
 def _close_files_in(dirs: set[str], keep: set[int]) -> None:
-    """Close the fds on files directly in `dirs` (a forked child's), but
-    those in `keep` (closed only if they still are what they were)."""
+    """Close the fds on `dirs` and on files directly in them (a forked
+    child's), but those in `keep` (closed only if they still are what they
+    were)."""
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
@@ -1308,7 +1309,8 @@ def _close_files_in(dirs: set[str], keep: set[int]) -> None:
         if fd in keep:
             continue
         try:
-            if os.path.dirname(os.readlink(f"/proc/self/fd/{fd}")) in dirs:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if path in dirs or os.path.dirname(path) in dirs:
                 os.close(fd)
         except OSError:
             pass

@@ -1011,6 +1011,40 @@ def test_a_fork_waits_for_the_oom_eventfd_to_be_recorded(monkeypatch):
 
 
 @needs_cgroup
+@pytest.mark.skipif(SITE.version != 1, reason="cgroup v1's OOM eventfd (v2 polls memory.events)")
+def test_a_fork_waits_for_a_forgotten_eventfd_to_be_closed(monkeypatch):
+    # A cgroup forgets its fds, then closes them; os.close lets the
+    # caller's thread run, and a fork in between would leave its child an
+    # eventfd nobody lists.  The fork waits (here 0.5 s) for the close.
+    import threading
+
+    closing, forked = threading.Event(), threading.Event()
+    real = os.close
+
+    def slow(fd: int) -> None:
+        if threading.current_thread().name == "sbxlimit-monitor" and not closing.is_set():
+            try:
+                what = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                what = ""
+            if what == "anon_inode:[eventfd]":
+                closing.set()
+                forked.wait(0.5)
+        real(fd)
+
+    get_monitor().drain(5)
+    monkeypatch.setattr(os, "close", slow)
+    try:
+        sbxlimit.run(["true"], limits=Limits(memory="96Mi"))  # its cgroup retires
+        assert closing.wait(10), "no eventfd was closed"
+        names = _open_in_a_fork()
+    finally:
+        forked.set()
+        monkeypatch.undo()
+    assert "anon_inode:[eventfd]" not in names
+
+
+@needs_cgroup
 def test_a_fork_while_the_supervisor_holds_the_pool_s_lock_does_not_hang(monkeypatch):
     # The child closes what the pool holds without taking its lock: the
     # parent's thread may have held it at the fork, and it is not there.
