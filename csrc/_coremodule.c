@@ -862,7 +862,8 @@ PyDoc_STRVAR(watch_changed_doc,
              "--\n\n"
              "Drain the inotify fd's queue: the watch descriptors on which an event\n"
              "that can change the protected paths' search was queued (a subdirectory\n"
-             "but those named in skip, a .git or a commondir made, removed or\n"
+             "but those named in skip, where a name ending in '*' is a prefix, a\n"
+             ".git or a commondir made, removed or\n"
              "renamed; a watched file changed; a watch lost), or [-1] (an overflow,\n"
              "or too many to list: anything may have changed).");
 

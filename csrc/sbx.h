@@ -403,7 +403,8 @@ int sbx_watch_add(int fd, const char *path, int dir);
 
 /* Drain fd's queue into wds (cap entries, *n_wds filled): the distinct
  * watches on which an event that can change the search was queued (a
- * subdirectory but those named in skip, a .git or a commondir made,
+ * subdirectory but those named in skip, where a name ending in '*' is a
+ * prefix, a .git or a commondir made,
  * removed or renamed; a watched file changed; a watch lost), or the one
  * entry -1 (an overflow: anything may have changed; more than cap).
  * Returns 0, or -errno. */

@@ -70,6 +70,15 @@ _SKIP = frozenset(
 _PSEUDO = frozenset({"/proc", "/sys", "/dev", "/run"})  # never a repository
 
 
+def _ours() -> str:
+    """The names _workspace gives this process's workspaces (made ahead,
+    taken, being removed), never searched: each is a sandbox's for a while,
+    then removed, and no one runs git there after (a kept one is named
+    ``sbxlimit-kept-*`` and searched).  Made and removed at every spawn of
+    a sandbox of theirs, they would end every listing of their parent."""
+    return f"sbxlimit-{os.getpid():x}-"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Found:
     # Protected paths (absolute, resolved), and each symbolic link on the
@@ -122,6 +131,7 @@ def _search(root: str, budget: list[int], watch: _Watching | None = None) -> tup
     each directory watched before it is listed."""
     out: list[str] = []
     level = [root]
+    ours = _ours()
     for depth in range(MAX_DEPTH + 1):
         if watch is not None:
             watch.dirs(level[: max(budget[0], 0)], top=depth == 0)
@@ -138,7 +148,12 @@ def _search(root: str, budget: list[int], watch: _Watching | None = None) -> tup
             for e in entries:
                 if e.name == ".git":
                     out += _repo_paths(e.path, watch)
-                elif depth < MAX_DEPTH and e.name not in _SKIP and e.path not in _PSEUDO:
+                elif (
+                    depth < MAX_DEPTH
+                    and e.name not in _SKIP
+                    and e.path not in _PSEUDO
+                    and not e.name.startswith(ours)
+                ):
                     try:
                         if e.is_dir(follow_symlinks=False):
                             nxt.append(e.path)
@@ -226,7 +241,7 @@ class _Listings:
         if self.fd < 0:
             return
         try:
-            changed = frozenset(_core.watch_changed(self.fd, _SKIP_LIST))
+            changed = frozenset(_core.watch_changed(self.fd, [*_SKIP_LIST, _ours() + "*"]))
         except OSError:
             changed = frozenset({-1})
         if not changed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -67,6 +68,46 @@ def test_every_change_the_search_would_see_ends_the_listing(tmp_path, change):
     assert _protected._listings.get(roots) is not None
     subprocess.run(["sh", "-c", change], cwd=tmp_path, check=True)
     assert _protected._listings.get(roots) is None
+
+
+def _settled(where) -> bool:
+    from sbxlimit._workspace import POOL_SIZE
+
+    names = os.listdir(where)
+    ready = [n for n in names if n.startswith(f"sbxlimit-{os.getpid():x}-0-")]
+    return len(ready) == POOL_SIZE and not any(n.endswith(".removing") for n in names)
+
+
+def test_sandboxes_workspaces_made_and_removed_keep_the_listing_of_their_parent(
+    tmp_path, monkeypatch
+):
+    # Workspaces in a directory a workdir covers: each spawn of a sandbox
+    # with one makes, renames and removes a directory there.  They are
+    # this process's, never searched, and keep its listing (each new search
+    # of "/" cost 35 ms here); any other directory made there ends it.
+    import tempfile
+
+    from sbxlimit._monitor import get_monitor
+
+    tree(tmp_path, 3)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    roots = (str(tmp_path),)
+    sbxlimit.run(["true"], policy=Policy())  # the pool's are made here from now on
+    get_monitor().drain(10)
+    _protected._listings.search(roots)
+    for _ in range(3):
+        assert sbxlimit.run(["true"], policy=Policy()).returncode == 0
+    deadline = time.monotonic() + 10
+    while not _settled(tmp_path):  # the trash removed, the pool made again
+        assert time.monotonic() < deadline, os.listdir(tmp_path)
+        time.sleep(0.01)
+    assert _protected._listings.get(roots) == ([], True)
+    for other in ("sbxlimit-kept-1-x", f"sbxlimit-{os.getpid() + 1:x}-1-x", "sbxlimit-dev"):
+        (tmp_path / other).mkdir()
+        assert _protected._listings.get(roots) is None, other
+        (tmp_path / other / ".git" / "hooks").mkdir(parents=True)
+        found, _ = _protected._listings.search(roots)
+        assert str(tmp_path / other / ".git" / "hooks") in found
 
 
 def test_a_gitdir_file_rewritten_ends_the_listing(tmp_path):

@@ -63,13 +63,17 @@ int sbx_watch_add(int fd, const char *path, int dir)
     return wd;
 }
 
+/* ev names one of names, where a name ending in '*' is a prefix. */
 static int named(const struct inotify_event *ev, const char *const *names, size_t n)
 {
-    size_t i;
+    size_t i, len;
 
-    for (i = 0; ev->len > 0 && i < n; i++)
-        if (strcmp(ev->name, names[i]) == 0)
+    for (i = 0; ev->len > 0 && i < n; i++) {
+        len = strlen(names[i]);
+        if (len > 0 && names[i][len - 1] == '*' ? strncmp(ev->name, names[i], len - 1) == 0
+                                                : strcmp(ev->name, names[i]) == 0)
             return 1;
+    }
     return 0;
 }
 
