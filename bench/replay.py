@@ -33,6 +33,7 @@ TRUE = shutil.which("true") or "/bin/true"
 # _core.spawn's arguments that are fds the core consumes (see _core.pyi).
 CLOSE_AFTER, LANDLOCK_FD, NS, CG_DIRFD, CG_PROCS = 9, 23, 24, 25, 26
 NS_NETNS = 14
+NS_IPCNS = 15
 NS_LL = 8  # the child adds Landlock rules for its tmpfs
 MNT_NS_ASK = -2  # _core.MNT_NS_ASK
 
@@ -79,7 +80,7 @@ class Capture:
     def _fds(args: list[Any]) -> set[int]:
         fds = {*args[CLOSE_AFTER], *args[CG_PROCS], args[LANDLOCK_FD], args[CG_DIRFD]}
         if args[NS]:
-            fds.add(args[NS][NS_NETNS])
+            fds.update((args[NS][NS_NETNS], args[NS][NS_IPCNS]))
         return {fd for fd in fds if fd >= 0}
 
     @staticmethod
@@ -121,7 +122,8 @@ class Capture:
         a[LANDLOCK_FD] = fresh.get(a[LANDLOCK_FD], a[LANDLOCK_FD])
         if a[NS]:
             ns = list(a[NS])
-            ns[NS_NETNS] = fresh.get(ns[NS_NETNS], ns[NS_NETNS])
+            for i in (NS_NETNS, NS_IPCNS):
+                ns[i] = fresh.get(ns[i], ns[i])
             a[NS] = tuple(ns)
         pid, failure, _how, mnt_ns = self.real(*a)
         if failure is not None:

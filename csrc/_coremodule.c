@@ -462,11 +462,11 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.landlock_fd = landlock_fd;
     spec.tmpfs_sock = -1;
     spec.ns_status_fd = -1;
-    spec.ns_netns_fd = -1;
+    spec.ns_netns_fd = spec.ns_ipcns_fd = -1;
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
          * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev,
-         * status_fd, reaper, netns_fd, proxy_port):
+         * status_fd, reaper, netns_fd, ipcns_fd, proxy_port):
          * bytes, b"" for none; view: ((kind, path, data), ...).  The
          * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
@@ -476,17 +476,18 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         const char *reaper;
 
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiKOppiyii;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOppiyiii;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
                               "tmpfs_landlock, view, view_ro_root, view_dev, status_fd, reaper, "
-                              "netns_fd, proxy_port)",
+                              "netns_fd, ipcns_fd, proxy_port)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
                               &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root,
                               &spec.view_dev, &spec.ns_status_fd, &reaper, &spec.ns_netns_fd,
-                              &spec.proxy_port))
+                              &spec.ns_ipcns_fd, &spec.proxy_port))
             goto done;
         spec.ns_reaper = *reaper ? reaper : NULL;
         spec.ns_join_net = spec.ns_netns_fd >= 0;
+        spec.ns_join_ipc = spec.ns_ipcns_fd >= 0;
         if (to_view(view, &st, &spec.n_view) < 0)
             goto done;
         spec.view = st.view;
@@ -682,22 +683,27 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(netns_make_doc, "netns_make() -> int\n"
-                             "--\n\n"
-                             "A new network namespace with lo up, as an fd (close-on-exec) for a\n"
-                             "child to join; made by a short-lived thread of its own.");
+PyDoc_STRVAR(ns_make_doc, "ns_make(kind) -> int\n"
+                          "--\n\n"
+                          "A new namespace of kind CLONE_NEWNET (lo up) or CLONE_NEWIPC, as an\n"
+                          "fd (close-on-exec) for a child to join; made by a short-lived\n"
+                          "thread of its own.");
 
-static PyObject *core_netns_make(PyObject *self, PyObject *unused)
+static PyObject *core_ns_make(PyObject *self, PyObject *arg)
 {
+    long kind = PyLong_AsLong(arg);
     int fd;
 
     (void)self;
-    (void)unused;
+    if (kind == -1 && PyErr_Occurred())
+        return NULL;
+    if (kind != (int)kind)
+        kind = 0; /* refused below, as any other kind */
     Py_BEGIN_ALLOW_THREADS
-        fd = sbx_netns_make();
+        fd = sbx_ns_make((int)kind);
     Py_END_ALLOW_THREADS
     if (fd < 0)
-        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_netns_make");
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_ns_make");
     return PyLong_FromLong(fd);
 }
 
@@ -1343,7 +1349,7 @@ static PyMethodDef core_methods[] = {
     {"spawn", core_spawn, METH_VARARGS, spawn_doc},
     {"tree_sample", core_tree_sample, METH_VARARGS, tree_sample_doc},
     {"tree_sample_many", core_tree_sample_many, METH_O, tree_sample_many_doc},
-    {"netns_make", core_netns_make, METH_NOARGS, netns_make_doc},
+    {"ns_make", core_ns_make, METH_O, ns_make_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
 #ifdef __APPLE__
     {"seatbelt_apply", core_seatbelt_apply, METH_O, seatbelt_apply_doc},

@@ -183,11 +183,13 @@ struct sbx_spec {
     const char *tmpfs_path, *tmpfs_opts, *tmpfs_mkdir;
     int tmpfs_sock;
     int ns_status_fd; /* write end, close-on-exec; -1: none */
-    /* ns_join_net: join the network namespace ns_netns_fd (made ahead by
-     * sbx_netns_make, lo up, close-on-exec) first, instead of unsharing
-     * one: ns_flags then lacks CLONE_NEWNET.  A flag of its own, so that
-     * a zeroed spec joins nothing. */
+    /* ns_join_net, ns_join_ipc: join the network namespace ns_netns_fd
+     * (lo up), the IPC namespace ns_ipcns_fd (both made ahead by
+     * sbx_ns_make, close-on-exec) first, instead of unsharing them:
+     * ns_flags then lacks CLONE_NEWNET, CLONE_NEWIPC.  Flags of their own,
+     * so that a zeroed spec joins nothing. */
     int ns_join_net, ns_netns_fd;
+    int ns_join_ipc, ns_ipcns_fd;
     /* proxy_port > 0: once in its network namespace, the child listens on
      * 127.0.0.1:proxy_port there and sends the socket on tmpfs_sock before
      * anything else; the parent serves it (a socket keeps the namespace it
@@ -260,13 +262,14 @@ int sbx_spawn_start(const struct sbx_spec *spec, struct sbx_child *child);
  * parent-side failure.  Closes the error pipe in every case. */
 int sbx_spawn_finish(struct sbx_child *child, struct sbx_child_error *err, int *status);
 
-/* ---- network namespaces made ahead (linux/namespaces.c) ------------- */
+/* ---- namespaces made ahead (linux/namespaces.c) --------------------- */
 
-/* A new network namespace with lo up, as an fd (close-on-exec) for a
- * child to join (ns_netns_fd).  Made by a short-lived thread of its own,
- * so that no thread of the caller is ever left inside it.  Returns the fd,
- * or -1 with errno (ENOSYS where there are no namespaces). */
-int sbx_netns_make(void);
+/* A new namespace of `kind` (CLONE_NEWNET, with lo up, or CLONE_NEWIPC)
+ * as an fd (close-on-exec) for a child to join (ns_netns_fd, ns_ipcns_fd).
+ * Made by a short-lived thread of its own, so that no thread of the
+ * caller is ever left inside it.  Returns the fd, or -1 with errno
+ * (EINVAL for another kind, ENOSYS where there are no namespaces). */
+int sbx_ns_make(int kind);
 
 /* ---- process trees (platform code: linux/proctree.c) ------------------ */
 

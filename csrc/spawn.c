@@ -228,7 +228,7 @@ static void child_setup(const struct sbx_child_ctx *ctx)
                        set_pdeathsig_child(ctx, (ctx->how & SBX_HOW_PID1) ? 0 : s->parent_pid));
     /* Before the rlimits (RLIMIT_NPROC would count the PID namespace's
      * reaper) and before chdir (the workspace may become a tmpfs). */
-    if (s->ns_flags || s->ns_join_net)
+    if (s->ns_flags || s->ns_join_net || s->ns_join_ipc)
         sbx_ns_enter_child(ctx);
     child_setup_target(ctx);
 }

@@ -44,7 +44,8 @@ from . import _core, _namespaces, _workspace, audit
 from ._cgpool import Pool
 from ._cgroup import read_quiet
 from ._evidence import KillRecord, Samples
-from ._netpool import NetPool
+from ._nspool import NsPool
+from ._platform import CLONE_NEWIPC, CLONE_NEWNET
 from ._pump import Pump, fd_ident
 
 if TYPE_CHECKING:
@@ -433,7 +434,9 @@ class Monitor:
         self._trees: list[tuple[str, int, _workspace.FinalSize | None]] = []
         self._janitor = _Worker("sbxlimit-janitor", lambda: self._empty_trash(self._trees))
         self._pool = Pool()
-        self._netpool = NetPool()
+        self._netpool = NsPool(CLONE_NEWNET)
+        self._ipcpool = NsPool(CLONE_NEWIPC)
+        self._nspools = {p.kind: p for p in (self._netpool, self._ipcpool)}
         self._wspool = _workspace.Pool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
         self._sleep_until = math.inf
@@ -903,10 +906,12 @@ class Monitor:
             self._owed = True
         return path
 
-    def take_netns(self) -> int:
-        """A network namespace made ahead of need (see _netpool), or -1."""
-        fd = self._netpool.take()
-        if self._netpool.wanted() and (not self._netpool.has_ready() or self._sleeps_long()):
+    def take_ns(self, kind: int) -> int:
+        """A namespace of `kind` (CLONE_NEWNET, CLONE_NEWIPC) made ahead of
+        need (see _nspool), or -1."""
+        pool = self._nspools[kind]
+        fd = pool.take()
+        if pool.wanted() and (not pool.has_ready() or self._sleeps_long()):
             self._owed = True
         return fd
 
@@ -1040,7 +1045,8 @@ class Monitor:
         drop_listings()
         flush_mounts(timeout)
         self._pool.drain(close=close)
-        self._netpool.drain(close=close)
+        for ns in self._nspools.values():
+            ns.drain(close=close)
         self._wspool.drain(close=close)
         self._empty_trash(self._trash)
         self._empty_trash(self._trees)
@@ -1184,14 +1190,15 @@ class Monitor:
             if self._retiring or self._trash:
                 due = min(due, now + _RETIRE_TICK)
             pool_due = now if self._pool.wanted() else self._pool.next_expiry()
-            net_due = now if self._netpool.wanted() else self._netpool.next_expiry()
+            ns_due = [now if ns.wanted() else ns.next_expiry() for ns in self._nspools.values()]
             ws_due = now if self._wspool.wanted() else self._wspool.next_expiry()
             if ws_due is not None:
                 due = min(due, ws_due)
             if pool_due is not None:
                 due = min(due, pool_due)
-            if net_due is not None:
-                due = min(due, net_due)
+            for when in ns_due:
+                if when is not None:
+                    due = min(due, when)
             if self._watches or self._by_pidfd or self._retiring:
                 self._last_busy = now
             elif now - self._last_busy < _LINGER:
@@ -1240,8 +1247,9 @@ class Monitor:
         self._flush_warnings()
         if pool_due is not None and pool_due <= now:
             self._pool.work(now)  # unlocked: mkdirs and writes take a while
-        if net_due is not None and net_due <= now:
-            self._netpool.work(now)
+        for ns, when in zip(self._nspools.values(), ns_due, strict=True):
+            if when is not None and when <= now:
+                ns.work(now)
         if ws_due is not None and ws_due <= now:
             self._wspool.work(now)
 
@@ -1264,8 +1272,9 @@ class Monitor:
             if w.cgroup is not None:
                 events = {fd for fd, _f in w.cgroup.events}
                 owned.update((fd, i) for fd, i in w.cgroup.owned_fds().items() if fd in events)
-        for fd in self._netpool.owned():
-            owned[fd] = "net"
+        for ns in self._nspools.values():
+            for fd in ns.owned():
+                owned[fd] = ns.name
         owned.update(self._pool.owned())  # ready cgroups' dirfds, join files, event fds
         for cg in list(self._retiring):  # ended sandboxes' cgroups, not yet removed
             owned.update(cg.owned_fds())
@@ -1284,8 +1293,8 @@ class Monitor:
             try:
                 if ident in ("pidfd", "eventfd"):
                     same = os.readlink(f"/proc/self/fd/{fd}") == f"anon_inode:[{ident}]"
-                elif ident == "net":  # a namespace made ahead: "net:[inode]"
-                    same = os.readlink(f"/proc/self/fd/{fd}").startswith("net:[")
+                elif ident in ("net", "ipc"):  # a namespace made ahead: "net:[inode]"
+                    same = os.readlink(f"/proc/self/fd/{fd}").startswith(f"{ident}:[")
                 elif ident is None:
                     same = False
                 else:

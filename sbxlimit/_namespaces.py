@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from . import _core, _landlock, _platform, _seccomp, _watchdog, _workspace
 from ._cgroup import fd_budget
@@ -781,6 +781,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
+_NONE_MADE: Mapping[int, int] = {}
+
+
 class Spawn:
     """The ``ns`` tuple for ``_core.spawn``, and the socket the workspace's
     fd comes back on.  ``close()`` releases what the parent holds."""
@@ -796,11 +799,15 @@ class Spawn:
         gid: int | None,
         shm_size: int | None = None,
         protected: Iterable[str] = (),
-        netns: int = -1,
+        made: Mapping[int, int] = _NONE_MADE,
     ) -> None:
         flags = plan.ns_flags | (CLONE_NEWUSER if plan.user_ns else 0)
-        if netns >= 0:  # made ahead (_netpool): the child joins it instead
+        netns, ipcns = made.get(CLONE_NEWNET, -1), made.get(CLONE_NEWIPC, -1)
+        # Made ahead (_nspool): the child joins them instead.
+        if netns >= 0:
             flags &= ~CLONE_NEWNET
+        if ipcns >= 0:
+            flags &= ~CLONE_NEWIPC
         uid_map = gid_map = b""
         if plan.user_ns:
             # An unprivileged user namespace may map only our own ids: the
@@ -855,6 +862,7 @@ class Spawn:
             self.status_w,
             REAPER if flags & CLONE_NEWPID else b"",
             netns,
+            ipcns,
             plan.proxy_port,
         )
 

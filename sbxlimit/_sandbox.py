@@ -48,7 +48,7 @@ from ._limits import Limits
 from ._monitor import Watch, drain_before_exit, get_monitor, settle_monitor, signal_tree
 from ._once import Once
 from ._plan import Held, Plan, plan, warn_downgrades
-from ._platform import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID
+from ._platform import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID
 from ._policy import Policy, environ_bytes, put_env
 from ._pump import Pump
 from ._seatbelt import Belt, proxy_env, terminal_devices
@@ -426,13 +426,15 @@ class Sandbox:
 
             if p.ns_flags:
                 memory = self.limits.memory if self.limits is not None else None
-                netns = -1
-                if p.ns_flags & CLONE_NEWNET and not p.user_ns:
-                    netns = get_monitor().take_netns()
-                    if netns >= 0:
-                        close_after.append(netns)  # the child joined it: ours to close
+                made: dict[int, int] = {}  # kind -> fd of one made ahead (_nspool)
+                if not p.user_ns:
+                    for kind in (CLONE_NEWNET, CLONE_NEWIPC):
+                        if p.ns_flags & kind:
+                            made[kind] = fd = get_monitor().take_ns(kind)
+                            if fd >= 0:
+                                close_after.append(fd)  # the child joined it: ours to close
                 ns = _namespaces.Spawn(
-                    p, self.policy, self.workspace, uid, gid, memory, self.protected, netns
+                    p, self.policy, self.workspace, uid, gid, memory, self.protected, made
                 )
 
             pgid = process_group

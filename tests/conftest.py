@@ -206,7 +206,7 @@ def events():
 
 def own_fds() -> set[str]:
     """Open fds, but for what the supervisor keeps ready and opens and
-    closes on its own thread at any time: network namespaces (_netpool),
+    closes on its own thread at any time: network and IPC namespaces (_nspool),
     and the join files and event fds of the cgroups it makes ahead
     (_cgpool, Cgroup.arm); and what is kept for the next spawn: the
     Landlock rulesets (_landlock.ruleset), the protected paths' watches
@@ -218,7 +218,7 @@ def own_fds() -> set[str]:
 
 def _supervisors(target: str) -> bool:
     return (
-        target.startswith(("net:[", "mnt:["))
+        target.startswith(("net:[", "ipc:[", "mnt:["))
         or target in ("anon_inode:[eventfd]", "anon_inode:[landlock-ruleset]", "anon_inode:inotify")
         or (target.startswith("/sys/fs/cgroup/") and "/sbx-" in target)
     )

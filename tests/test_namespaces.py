@@ -222,6 +222,77 @@ def test_a_forked_child_does_not_keep_the_ready_namespaces():
     assert not any(t.startswith("net:[") for t in kept.values()), kept
 
 
+def _pooled_ipcns() -> pytest.MarkDecorator:
+    ok = MNT is not None and MNT.ok and not MNT.user
+    return pytest.mark.skipif(
+        not ok, reason="IPC namespaces are made ahead only where no user namespace is needed"
+    )
+
+
+def _warm_ipcns_pool() -> None:
+    """Ask for an IPC namespace once (a view makes one), then wait until
+    both the pool's are ready."""
+    from sbxlimit._monitor import get_monitor
+    from sbxlimit._nspool import SIZE
+
+    sbxlimit.run(["true"], policy=Policy(workdir="/"))
+    pool = get_monitor()._ipcpool
+    deadline = time.monotonic() + 10
+    while len(pool.owned()) < SIZE:
+        assert time.monotonic() < deadline, "no IPC namespace was made ahead"
+        time.sleep(0.01)
+
+
+SHM_THEN_WAIT = (
+    "import ctypes, os, sys, time\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "key = int(sys.argv[1])\n"
+    "made = libc.shmget(key, 4096, 0o3600) >= 0\n"  # IPC_CREAT | IPC_EXCL | 0600
+    "print(os.readlink('/proc/self/ns/ipc'), made, flush=True)\n"
+    "time.sleep(30)\n"
+)
+
+
+@_pooled_ipcns()
+def test_ipc_namespaces_made_ahead_are_never_shared():
+    # Four live sandboxes, the first from the pool: four IPC namespaces,
+    # none the host's.  Each makes a segment of the same key, which fails
+    # (EEXIST) where a neighbour made it first in a namespace they share.
+    from sbxlimit._monitor import get_monitor
+
+    _warm_ipcns_pool()
+    taken = get_monitor()._ipcpool.taken
+    key = 0x5C0000 + os.getpid() % 0xFFFF
+    procs = [
+        sbxlimit.Popen(
+            [PY, "-c", SHM_THEN_WAIT, str(key)], policy=Policy(workdir="/"), stdout=subprocess.PIPE
+        )
+        for _ in range(4)
+    ]
+    try:
+        seen = [p.stdout.readline().decode().split() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+    assert get_monitor()._ipcpool.taken >= taken + 2, "the pool's were not joined"
+    inodes = {ns for ns, _made in seen}
+    assert len(inodes) == 4 and os.readlink("/proc/self/ns/ipc") not in inodes, seen
+    assert all(made == "True" for _ns, made in seen), seen
+
+
+@_pooled_ipcns()
+def test_a_forked_child_does_not_keep_the_ready_ipc_namespaces():
+    from sbxlimit._monitor import get_monitor
+
+    _warm_ipcns_pool()
+    theirs = get_monitor()._ipcpool.owned()
+    assert theirs
+    kept = kept_in_a_fork(theirs)
+    assert not any(t.startswith("ipc:[") for t in kept.values()), kept
+
+
 @needs_tcp_rules
 def test_deny_without_a_namespace_refuses_tcp_and_udp(listeners):
     r = in_python(

@@ -629,6 +629,8 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
 
     if (s->ns_join_net)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_SETNS, 0, setns(s->ns_netns_fd, CLONE_NEWNET));
+    if (s->ns_join_ipc)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_SETNS, 1, setns(s->ns_ipcns_fd, CLONE_NEWIPC));
     if (flags)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_UNSHARE, flags, unshare(flags));
     if ((s->ns_flags & CLONE_NEWUSER) && s->uid_map)
@@ -680,33 +682,40 @@ static void self_map(char *buf, unsigned id)
     memcpy(p, " 1\n", 4);
 }
 
-/* ---- network namespaces made ahead (parent side) ------------------------ */
+/* ---- namespaces made ahead (parent side) -------------------------------- */
 
-struct netns_job {
-    int fd, err;
+struct ns_job {
+    int kind, fd, err;
 };
 
-static void *netns_thread(void *arg)
+static void *ns_thread(void *arg)
 {
-    struct netns_job *job = arg;
+    struct ns_job *job = arg;
+    int net = job->kind == CLONE_NEWNET;
 
     /* This thread alone enters the namespace, and ends there. */
-    if (unshare(CLONE_NEWNET) < 0 || loopback_up() < 0) {
+    if (unshare(job->kind) < 0 || (net && loopback_up() < 0)) {
         job->err = errno;
         return NULL;
     }
-    job->fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    job->fd =
+        open(net ? "/proc/thread-self/ns/net" : "/proc/thread-self/ns/ipc", O_RDONLY | O_CLOEXEC);
     if (job->fd < 0)
         job->err = errno;
     return NULL;
 }
 
-int sbx_netns_make(void)
+int sbx_ns_make(int kind)
 {
-    struct netns_job job = {-1, 0};
+    struct ns_job job = {kind, -1, 0};
     pthread_t t;
-    int rc = pthread_create(&t, NULL, netns_thread, &job);
+    int rc;
 
+    if (kind != CLONE_NEWNET && kind != CLONE_NEWIPC) {
+        errno = EINVAL;
+        return -1;
+    }
+    rc = pthread_create(&t, NULL, ns_thread, &job);
     if (rc != 0) {
         errno = rc;
         return -1;

@@ -7,12 +7,15 @@
 
 void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
 {
-    sbx_child_fail(ctx, ctx->spec->ns_join_net ? SBX_STEP_NS_SETNS : SBX_STEP_NS_UNSHARE, ENOSYS,
-                   ctx->spec->ns_flags);
+    const struct sbx_spec *s = ctx->spec;
+    int join = s->ns_join_net || s->ns_join_ipc;
+
+    sbx_child_fail(ctx, join ? SBX_STEP_NS_SETNS : SBX_STEP_NS_UNSHARE, ENOSYS, s->ns_flags);
 }
 
-int sbx_netns_make(void)
+int sbx_ns_make(int kind)
 {
+    (void)kind;
     errno = ENOSYS;
     return -1;
 }

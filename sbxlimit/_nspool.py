@@ -1,16 +1,18 @@
-"""Network namespaces made ahead of need, off the caller's path (root).
+"""Network and IPC namespaces made ahead of need, off the caller's path
+(root).
 
 A new network namespace costs its child about 0.3 ms (the kernel sets up
-its loopback and tables); joining one made earlier costs a ``setns``.  So
-once a sandbox has asked for one, the supervisor thread keeps ``SIZE``
-ready (``_core.netns_make``: a short-lived thread of the core makes it,
+its loopback and tables), an IPC namespace 9-15 us (its own mqueue
+filesystem); joining one made earlier costs a ``setns``.  So once a
+sandbox has asked for one, the supervisor thread keeps ``SIZE`` of that
+kind ready (``_core.ns_make``: a short-lived thread of the core makes it,
 brings lo up and hands back an fd, so no thread of ours ever enters it).
 A spawn takes one and its child joins it first thing; each is used by one
 sandbox only, then its fd is closed, and the namespace goes with its last
 process, as an unshared one does.
 
 Only where the caller makes namespaces without a user namespace (root):
-an unprivileged sandbox's network namespace must belong to its own user
+an unprivileged sandbox's namespaces must belong to its own user
 namespace, made in the child.  Unused for ``IDLE`` seconds, the ready
 ones are closed; ``drain()`` closes them all (at exit).  After a fork
 the child has a pool of its own (the parent's fds are closed there).
@@ -24,8 +26,9 @@ import threading
 import time
 
 from . import _core
+from ._platform import CLONE_NEWIPC, CLONE_NEWNET
 
-__all__ = ["IDLE", "SIZE", "NetPool"]
+__all__ = ["IDLE", "SIZE", "NsPool"]
 
 log = logging.getLogger("sbxlimit")
 
@@ -33,15 +36,21 @@ SIZE = 2  # ready namespaces
 IDLE = 10.0  # seconds without a taker before they go
 
 
-class NetPool:
-    """Thread-safe; the supervisor thread calls :meth:`work`."""
+_NAMES = {CLONE_NEWNET: "net", CLONE_NEWIPC: "ipc"}
 
-    def __init__(self) -> None:
+
+class NsPool:
+    """Namespaces of one kind (CLONE_NEWNET, CLONE_NEWIPC).  Thread-safe;
+    the supervisor thread calls :meth:`work`."""
+
+    def __init__(self, kind: int) -> None:
+        self.kind = kind
+        self.name = _NAMES[kind]  # as in /proc/self/ns/ and its links
         self._lock = threading.Lock()
         self._ready: list[int] = []
         self._used = -1.0  # monotonic time of the last take; < 0: none asked
         self._closed = False
-        self._broken = False  # netns_make failed: stop asking
+        self._broken = False  # ns_make failed: stop asking
         self.taken = 0  # namespaces handed out, for tests and benchmarks
 
     def take(self) -> int:
@@ -90,10 +99,10 @@ class NetPool:
         if not make:
             return
         try:
-            fd = _core.netns_make()
+            fd = _core.ns_make(self.kind)
         except OSError as e:
             # Spawns unshare their own, and say what failed.
-            log.debug("sbxlimit: network namespace pool: %s", e)
+            log.debug("sbxlimit: %s namespace pool: %s", self.name, e)
             with self._lock:
                 self._broken = True
             return
