@@ -79,6 +79,9 @@ def _ours() -> str:
     return f"sbxlimit-{os.getpid():x}-"
 
 
+_OURS = _ours()  # made again in a forked child (_forget_after_fork)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Found:
     # Protected paths (absolute, resolved), and each symbolic link on the
@@ -131,7 +134,7 @@ def _search(root: str, budget: list[int], watch: _Watching | None = None) -> tup
     each directory watched before it is listed."""
     out: list[str] = []
     level = [root]
-    ours = _ours()
+    ours = _OURS
     for depth in range(MAX_DEPTH + 1):
         if watch is not None:
             watch.dirs(level[: max(budget[0], 0)], top=depth == 0)
@@ -241,7 +244,7 @@ class _Listings:
         if self.fd < 0:
             return
         try:
-            changed = frozenset(_core.watch_changed(self.fd, [*_SKIP_LIST, _ours() + "*"]))
+            changed = frozenset(_core.watch_changed(self.fd, _skip_list))
         except OSError:
             changed = frozenset({-1})
         if not changed:
@@ -317,7 +320,8 @@ class _Listings:
 _WATCH = hasattr(_core, "watch_open")
 # Directories the search never descends into: made or removed, they change
 # nothing it finds (a program run in the tree makes __pycache__ often).
-_SKIP_LIST = sorted(_SKIP - {".git"})
+# And this process's workspaces (_ours), a prefix.
+_skip_list = [*sorted(_SKIP - {".git"}), _OURS + "*"]
 
 
 # Spawns come in bursts (an agent's tool calls): the search of the same
@@ -336,8 +340,10 @@ def drop_listings() -> None:
 
 
 def _forget_after_fork() -> None:
-    global _lock
+    global _lock, _OURS, _skip_list
     _lock = threading.Lock()
+    _OURS = _ours()
+    _skip_list = [*_skip_list[:-1], _OURS + "*"]
     _listings.forget()
 
 

@@ -211,17 +211,6 @@ def test_a_pooled_network_namespace_has_lo_up_and_nothing_else():
     assert list(rows) == ["lo"]
 
 
-@_pooled_netns()
-def test_a_forked_child_does_not_keep_the_ready_namespaces():
-    _warm_netns_pool()
-    from sbxlimit._monitor import get_monitor
-
-    theirs = get_monitor()._netpool.owned()
-    assert theirs
-    kept = kept_in_a_fork(theirs)
-    assert not any(t.startswith("net:[") for t in kept.values()), kept
-
-
 def _pooled_ipcns() -> pytest.MarkDecorator:
     ok = MNT is not None and MNT.ok and not MNT.user
     return pytest.mark.skipif(
@@ -282,15 +271,21 @@ def test_ipc_namespaces_made_ahead_are_never_shared():
     assert all(made == "True" for _ns, made in seen), seen
 
 
-@_pooled_ipcns()
-def test_a_forked_child_does_not_keep_the_ready_ipc_namespaces():
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("net", marks=_pooled_netns()),
+        pytest.param("ipc", marks=_pooled_ipcns()),
+    ],
+)
+def test_a_forked_child_does_not_keep_the_ready_namespaces(kind):
     from sbxlimit._monitor import get_monitor
 
-    _warm_ipcns_pool()
-    theirs = get_monitor()._ipcpool.owned()
+    (_warm_netns_pool if kind == "net" else _warm_ipcns_pool)()
+    theirs = getattr(get_monitor(), f"_{kind}pool").owned()
     assert theirs
     kept = kept_in_a_fork(theirs)
-    assert not any(t.startswith("ipc:[") for t in kept.values()), kept
+    assert not any(t.startswith(f"{kind}:[") for t in kept.values()), kept
 
 
 @needs_tcp_rules
