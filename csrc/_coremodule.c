@@ -462,11 +462,11 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.landlock_fd = landlock_fd;
     spec.tmpfs_sock = -1;
     spec.ns_status_fd = -1;
-    spec.ns_netns_fd = spec.ns_ipcns_fd = -1;
+    spec.ns_netns_fd = spec.ns_ipcns_fd = spec.view_dev_fd = -1;
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
          * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev,
-         * status_fd, reaper, netns_fd, ipcns_fd, proxy_port):
+         * status_fd, reaper, netns_fd, ipcns_fd, proxy_port, view_dev_fd):
          * bytes, b"" for none; view: ((kind, path, data), ...).  The
          * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
@@ -476,14 +476,14 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         const char *reaper;
 
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiKOppiyiii;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOppiyiiii;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
                               "tmpfs_landlock, view, view_ro_root, view_dev, status_fd, reaper, "
-                              "netns_fd, ipcns_fd, proxy_port)",
+                              "netns_fd, ipcns_fd, proxy_port, view_dev_fd)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
                               &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root,
                               &spec.view_dev, &spec.ns_status_fd, &reaper, &spec.ns_netns_fd,
-                              &spec.ns_ipcns_fd, &spec.proxy_port))
+                              &spec.ns_ipcns_fd, &spec.proxy_port, &spec.view_dev_fd))
             goto done;
         spec.ns_reaper = *reaper ? reaper : NULL;
         spec.ns_join_net = spec.ns_netns_fd >= 0;
@@ -704,6 +704,26 @@ static PyObject *core_ns_make(PyObject *self, PyObject *arg)
     Py_END_ALLOW_THREADS
     if (fd < 0)
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_ns_make");
+    return PyLong_FromLong(fd);
+}
+
+PyDoc_STRVAR(dev_template_doc,
+             "dev_template() -> int\n"
+             "--\n\n"
+             "The private /dev of a view, built once as a detached mount (an fd,\n"
+             "close-on-exec) for children to clone: the ns tuple's view_dev_fd.");
+
+static PyObject *core_dev_template(PyObject *self, PyObject *unused)
+{
+    int fd;
+
+    (void)self;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+        fd = sbx_ns_dev_template();
+    Py_END_ALLOW_THREADS
+    if (fd < 0)
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_ns_dev_template");
     return PyLong_FromLong(fd);
 }
 
@@ -1350,6 +1370,7 @@ static PyMethodDef core_methods[] = {
     {"tree_sample", core_tree_sample, METH_VARARGS, tree_sample_doc},
     {"tree_sample_many", core_tree_sample_many, METH_O, tree_sample_many_doc},
     {"ns_make", core_ns_make, METH_O, ns_make_doc},
+    {"dev_template", core_dev_template, METH_NOARGS, dev_template_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
 #ifdef __APPLE__
     {"seatbelt_apply", core_seatbelt_apply, METH_O, seatbelt_apply_doc},

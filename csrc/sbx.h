@@ -208,6 +208,9 @@ struct sbx_spec {
     size_t n_view;
     int view_ro_root;
     int view_dev; /* a /dev of its own (linux/namespaces.c, private_dev) */
+    /* >= 0: the child clones this template of it (sbx_ns_dev_template)
+     * instead of building one; not with CLONE_NEWUSER. */
+    int view_dev_fd;
 
     sbx_child_hook hook; /* non-NULL forces fork() instead of vfork() */
 
@@ -270,6 +273,14 @@ int sbx_spawn_finish(struct sbx_child *child, struct sbx_child_error *err, int *
  * caller is ever left inside it.  Returns the fd, or -1 with errno
  * (EINVAL for another kind, ENOSYS where there are no namespaces). */
 int sbx_ns_make(int kind);
+
+/* The private /dev a view gives (spec view_dev), built once as a detached
+ * mount for children to clone (view_dev_fd): a read-only tmpfs with the
+ * host's device nodes bound in, empty pts and shm directories, and the
+ * usual links.  Returns the fd (close-on-exec), or -1 with errno: ENOSYS
+ * or EINVAL where the kernel cannot build it (mounts onto a detached tree
+ * need Linux 6.15), EPERM without CAP_SYS_ADMIN. */
+int sbx_ns_dev_template(void);
 
 /* ---- process trees (platform code: linux/proctree.c) ------------------ */
 

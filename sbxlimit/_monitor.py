@@ -1035,13 +1035,16 @@ class Monitor:
     def drain(self, timeout: float, *, close: bool = False) -> bool:
         """Remove the cgroups made ahead of need (`close`: make no more), and
         wait until every retired cgroup is removed; True if none is left.
-        The Landlock rulesets and the protected paths' listings kept for
-        the next spawn go too, and the mount namespaces released so far."""
+        The Landlock rulesets, the protected paths' listings and the /dev
+        template kept for the next spawn go too, and the mount namespaces
+        released so far."""
+        from ._devtree import drop as drop_dev_template
         from ._landlock import drop_rulesets
         from ._namespaces import flush_mounts
         from ._protected import drop_listings
 
         drop_rulesets()
+        drop_dev_template()
         drop_listings()
         flush_mounts(timeout)
         self._pool.drain(close=close)

@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 
-from . import _core, _landlock, _platform, _seccomp, _watchdog, _workspace
+from . import _core, _devtree, _landlock, _platform, _seccomp, _watchdog, _workspace
 from ._cgroup import fd_budget
 from ._cgroupfs import mount_table
 from ._errors import ConfigError
@@ -788,7 +788,15 @@ class Spawn:
     """The ``ns`` tuple for ``_core.spawn``, and the socket the workspace's
     fd comes back on.  ``close()`` releases what the parent holds."""
 
-    __slots__ = ("_recv", "args", "child_end", "child_rules", "status_r", "status_w")
+    __slots__ = (
+        "_recv",
+        "args",
+        "child_end",
+        "child_rules",
+        "dev_fd",
+        "status_r",
+        "status_w",
+    )
 
     def __init__(
         self,
@@ -840,6 +848,9 @@ class Spawn:
             entries, ro_root, own_dev = view(
                 policy, where, shm_size, protected, fresh=workspace is not None
             )
+        # A /dev made once, cloned by the child (root: _devtree); released
+        # by close().
+        self.dev_fd = _devtree.take() if own_dev and not plan.user_ns else -1
         # Landlock skips the directory a mount hides: each tmpfs gets a rule
         # of its own in the child, with the rights the workspace has.
         ll = writable_rights(plan.landlock) if plan.landlock and (tmpfs or entries) else 0
@@ -864,6 +875,7 @@ class Spawn:
             netns,
             ipcns,
             plan.proxy_port,
+            self.dev_fd,
         )
 
     def take_child_end(self) -> int:
@@ -903,6 +915,9 @@ class Spawn:
         if self.child_end >= 0:
             os.close(self.child_end)
             self.child_end = -1
+        if self.dev_fd >= 0:
+            self.dev_fd = -1
+            _devtree.release()
 
 
 def _receive(sock: socket.socket) -> int | None:

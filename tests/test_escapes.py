@@ -308,7 +308,12 @@ OWN_DEV = {
 
 @needs_ro_view
 @pytest.mark.parametrize("policy", [POLICY, WHOLE_HOST], ids=["workspace", "workdir=/"])
-def test_the_hosts_device_nodes_are_not_there(policy):
+@pytest.mark.parametrize("built", ["once", "in-the-child"])
+def test_the_hosts_device_nodes_are_not_there(policy, built, monkeypatch):
+    from sbxlimit import _devtree
+
+    if built == "in-the-child":  # as where the template cannot be made (_devtree)
+        monkeypatch.setattr(_devtree, "take", lambda: -1)
     host = set(os.listdir("/dev")) - OWN_DEV  # disks, loop devices, kmsg, kvm ...
     got = attack(
         policy=policy,
@@ -321,10 +326,14 @@ def test_the_hosts_device_nodes_are_not_there(policy):
         with open("/dev/null", "w") as f:
             f.write("fine")
         out["urandom"] = len(open("/dev/urandom", "rb").read(8))
+        # Its own: shared memory, and terminals (a devpts instance).
+        open("/dev/shm/mine", "w").write("x")
+        out["pty"] = os.ttyname(os.openpty()[1])
         """,
     )
     assert set(got.pop("dev")) == OWN_DEV  # type: ignore[arg-type]
     assert got.pop("urandom") == 8
+    assert got.pop("pty") == "/dev/pts/0"
     assert "ok" not in got.values(), got
 
 

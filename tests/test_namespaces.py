@@ -288,6 +288,84 @@ def test_a_forked_child_does_not_keep_the_ready_namespaces(kind):
     assert not any(t.startswith(f"{kind}:[") for t in kept.values()), kept
 
 
+def _template_error() -> str | None:
+    """Why the /dev template cannot be built here, or None."""
+    if not (MNT is not None and MNT.ok and not MNT.user):
+        return "the /dev template is made only where no user namespace is needed (root)"
+    try:
+        os.close(_core.dev_template())
+    except OSError as e:
+        return f"no /dev template on this kernel ({e}; it needs Linux 6.15)"
+    return None
+
+
+needs_dev_template = pytest.mark.skipif(
+    LINUX and _template_error() is not None, reason=str(LINUX and _template_error())
+)
+
+
+@needs_dev_template
+def test_sandboxes_cloning_the_dev_template_share_no_shm_nor_terminal():
+    # One template, cloned by each: what one sandbox leaves in its /dev/shm
+    # or opens as a terminal is not in the other's.
+    code = textwrap.dedent(
+        """
+        import os, sys, time
+        name = sys.argv[1]
+        open(f"/dev/shm/{name}", "w").write(name)
+        master, slave = os.openpty()
+        print(name, sorted(os.listdir("/dev/shm")), sorted(os.listdir("/dev/pts")), flush=True)
+        time.sleep(float(sys.argv[2]))
+        print(name, sorted(os.listdir("/dev/shm")), sorted(os.listdir("/dev/pts")), flush=True)
+        """
+    )
+    first = sbxlimit.Popen(
+        [PY, "-c", code, "first", "3"], policy=Policy(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline().split(" ", 1)[1] == "['first'] ['0', 'ptmx']\n"
+        second = sbxlimit.run(
+            [PY, "-c", code, "second", "0"], policy=Policy(), capture_output=True, text=True
+        )
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.splitlines() == ["second ['second'] ['0', 'ptmx']"] * 2
+    finally:
+        out, _ = first.communicate(timeout=30)
+    assert out == "first ['first'] ['0', 'ptmx']\n"
+
+
+@needs_dev_template
+def test_a_forked_child_does_not_keep_the_dev_template():
+    from sbxlimit import _devtree
+
+    sbxlimit.run(["true"], policy=Policy(workdir="/"))
+    fd = _devtree.take()
+    assert fd >= 0
+    _devtree.release()
+    assert kept_in_a_fork([fd]) == {}
+
+
+@needs_dev_template
+def test_the_dev_template_outlives_a_drop_while_a_spawn_uses_it():
+    # Monitor.drain drops it; a spawn between take() and release() must
+    # still find its number meaning the template, not another file.
+    from sbxlimit import _devtree
+
+    fd = _devtree.take()
+    assert fd >= 0
+    ident = os.fstat(fd).st_dev, os.fstat(fd).st_ino
+    _devtree.drop()
+    assert (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == ident
+    assert _devtree.take() == -1  # none handed out while it goes
+    _devtree.release()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    again = _devtree.take()  # a new one
+    assert again >= 0 and "null" in os.listdir(f"/proc/self/fd/{again}")
+    _devtree.release()
+
+
 @needs_tcp_rules
 def test_deny_without_a_namespace_refuses_tcp_and_udp(listeners):
     r = in_python(

@@ -74,6 +74,15 @@
 #ifndef SYS_mount_setattr
 #define SYS_mount_setattr 442
 #endif
+#ifndef SYS_fsopen
+#define SYS_fsopen 430
+#endif
+#ifndef SYS_fsconfig
+#define SYS_fsconfig 431
+#endif
+#ifndef SYS_fsmount
+#define SYS_fsmount 432
+#endif
 struct sbx_mount_attr {
     uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
@@ -86,6 +95,10 @@ struct sbx_mount_attr {
 #define SBX_AT_RECURSIVE        0x8000
 #define SBX_AT_EMPTY_PATH       0x1000
 #define SBX_AT_SYMLINK_NOFOLLOW 0x100
+#define SBX_FSOPEN_CLOEXEC      0x1
+#define SBX_FSMOUNT_CLOEXEC     0x1
+#define SBX_FSCONFIG_SET_STRING 1
+#define SBX_FSCONFIG_CMD_CREATE 6
 
 static int write_file(const char *path, const char *text)
 {
@@ -252,6 +265,12 @@ static int allow_root(const struct sbx_spec *s, const char *path);
  * any program every terminal of its user.  As bubblewrap's --dev does. */
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
 #define N_DEV_NODES (sizeof dev_nodes / sizeof dev_nodes[0])
+/* (target, name in /dev) */
+static const char *const dev_links[][2] = {
+    {"/proc/self/fd", "fd"},       {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"},
+    {"/proc/self/fd/2", "stderr"}, {"pts/ptmx", "ptmx"},
+};
+#define N_DEV_LINKS (sizeof dev_links / sizeof dev_links[0])
 
 static int dev_path(char *buf, size_t size, const char *name)
 {
@@ -264,18 +283,27 @@ static int dev_path(char *buf, size_t size, const char *name)
     return 0;
 }
 
-static int private_dev(const struct sbx_spec *s)
+/* The instance of devpts, of its own: no pty of the host's to read or
+ * type into. */
+static int own_devpts(const struct sbx_spec *s)
 {
-    static const char *const links[][2] = {
-        {"/proc/self/fd", "/dev/fd"},       {"/proc/self/fd/0", "/dev/stdin"},
-        {"/proc/self/fd/1", "/dev/stdout"}, {"/proc/self/fd/2", "/dev/stderr"},
-        {"pts/ptmx", "/dev/ptmx"},
-    };
+    if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+              "newinstance,ptmxmode=0666,mode=0620") < 0)
+        return -1;
+    return allow_root(s, "/dev/pts");
+}
+
+/* template: a clone of the parent's template (sbx_ns_dev_template), made
+ * before the unshare, or -1: build the same tree here. */
+static int private_dev(const struct sbx_spec *s, int template)
+{
     int fds[N_DEV_NODES];
     char path[32];
     size_t i;
     int saved = 0;
 
+    if (template >= 0)
+        return attach(template, "/dev", 0) < 0 ? -1 : own_devpts(s);
     /* The host's nodes first: the tmpfs hides them. */
     for (i = 0; i < N_DEV_NODES; i++) {
         if (dev_path(path, sizeof path, dev_nodes[i]) < 0)
@@ -303,15 +331,13 @@ static int private_dev(const struct sbx_spec *s)
             goto out;
         }
     }
-    if (mkdir("/dev/pts", 0755) < 0 || mkdir("/dev/shm", 01777) < 0 ||
-        mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-              "newinstance,ptmxmode=0666,mode=0620") < 0 ||
-        allow_root(s, "/dev/pts") < 0) {
+    if (mkdir("/dev/pts", 0755) < 0 || mkdir("/dev/shm", 01777) < 0 || own_devpts(s) < 0) {
         saved = errno;
         goto out;
     }
-    for (i = 0; i < sizeof links / sizeof links[0]; i++) {
-        if (symlink(links[i][0], links[i][1]) < 0) {
+    for (i = 0; i < N_DEV_LINKS; i++) {
+        if (dev_path(path, sizeof path, dev_links[i][1]) < 0 ||
+            symlink(dev_links[i][0], path) < 0) {
             saved = errno;
             goto out;
         }
@@ -324,6 +350,66 @@ out:
             close(fds[i]);
     errno = saved;
     return saved ? -1 : 0;
+}
+
+/* Parent side: the tree private_dev builds, made once as a detached mount
+ * (Linux 6.15+ mounts the nodes onto it), for each child to clone whole. */
+int sbx_ns_dev_template(void)
+{
+    char path[32];
+    size_t i;
+    int saved = 0, fd, dev = -1, fs = (int)syscall(SYS_fsopen, "tmpfs", SBX_FSOPEN_CLOEXEC);
+
+    if (fs < 0)
+        return -1;
+    if (syscall(SYS_fsconfig, fs, SBX_FSCONFIG_SET_STRING, "source", "tmpfs", 0) < 0 ||
+        syscall(SYS_fsconfig, fs, SBX_FSCONFIG_SET_STRING, "mode", "0755", 0) < 0 ||
+        syscall(SYS_fsconfig, fs, SBX_FSCONFIG_SET_STRING, "size", "64k", 0) < 0 ||
+        syscall(SYS_fsconfig, fs, SBX_FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0 ||
+        (dev = (int)syscall(SYS_fsmount, fs, SBX_FSMOUNT_CLOEXEC,
+                            SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NODEV | SBX_MOUNT_ATTR_NOEXEC)) <
+            0) {
+        saved = errno;
+        goto out;
+    }
+    for (i = 0; i < N_DEV_NODES; i++) {
+        int node;
+
+        if (dev_path(path, sizeof path, dev_nodes[i]) < 0) {
+            saved = ENAMETOOLONG;
+            goto out;
+        }
+        node = clone_tree(path, 0);
+        if (node < 0 && errno == ENOENT)
+            continue;
+        fd = node < 0 ? -1
+                      : openat(dev, dev_nodes[i], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 || close(fd) < 0 ||
+            syscall(SYS_move_mount, node, "", dev, dev_nodes[i], SBX_MOVE_MOUNT_F_EMPTY) < 0)
+            saved = errno;
+        if (node >= 0)
+            close(node);
+        if (saved)
+            goto out;
+    }
+    if (mkdirat(dev, "pts", 0755) < 0 || mkdirat(dev, "shm", 01777) < 0) {
+        saved = errno;
+        goto out;
+    }
+    for (i = 0; i < N_DEV_LINKS; i++) {
+        if (symlinkat(dev_links[i][0], dev, dev_links[i][1]) < 0) {
+            saved = errno;
+            goto out;
+        }
+    }
+    if (set_attr(dev, "", SBX_AT_EMPTY_PATH, SBX_MOUNT_ATTR_RDONLY) < 0)
+        saved = errno;
+out:
+    close(fs);
+    if (saved && dev >= 0)
+        close(dev);
+    errno = saved;
+    return saved ? -1 : dev;
 }
 
 /* Protected paths, hidden paths, private tmpfs: in the order given. */
@@ -353,13 +439,15 @@ static int view_entry(const struct sbx_spec *s, const struct sbx_view *v)
     }
 }
 
-static void view_finish_child(const struct sbx_child_ctx *ctx)
+static void view_finish_child(const struct sbx_child_ctx *ctx, int dev)
 {
     const struct sbx_spec *s = ctx->spec;
     size_t i;
 
     if (s->view_dev)
-        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -2, private_dev(s));
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -2, private_dev(s, dev));
+    if (dev >= 0)
+        close(dev);
     for (i = 0; i < s->n_view; i++) {
         if (s->fail_step == SBX_STEP_NS_VIEW)
             sbx_child_fail(ctx, SBX_STEP_NS_VIEW, s->fail_errno, (int64_t)i);
@@ -626,11 +714,20 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
     /* PID 1 was cloned into its PID (and user) namespace already. */
     int flags =
         (ctx->how & SBX_HOW_PID1) ? s->ns_flags & ~(CLONE_NEWPID | CLONE_NEWUSER) : s->ns_flags;
+    int dev = -1;
 
     if (s->ns_join_net)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_SETNS, 0, setns(s->ns_netns_fd, CLONE_NEWNET));
     if (s->ns_join_ipc)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_SETNS, 1, setns(s->ns_ipcns_fd, CLONE_NEWIPC));
+    /* Cloned while still in the namespace the template was made in: the
+     * kernel copies a detached tree only from there. */
+    if ((s->ns_flags & CLONE_NEWNS) && s->view_dev && s->view_dev_fd >= 0 &&
+        !(s->ns_flags & CLONE_NEWUSER))
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -2,
+                       dev = (int)syscall(SYS_open_tree, s->view_dev_fd, "",
+                                          SBX_OPEN_TREE_CLONE | O_CLOEXEC | SBX_AT_EMPTY_PATH |
+                                              SBX_AT_RECURSIVE));
     if (flags)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_UNSHARE, flags, unshare(flags));
     if ((s->ns_flags & CLONE_NEWUSER) && s->uid_map)
@@ -651,7 +748,7 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 3, publish_root(s));
     }
     if ((s->ns_flags & CLONE_NEWNS) && (s->n_view || s->view_dev))
-        view_finish_child(ctx);
+        view_finish_child(ctx, dev);
     if (ctx->how & SBX_HOW_PID1)
         enter_pid_ns(ctx);
 }

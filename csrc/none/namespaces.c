@@ -13,6 +13,12 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
     sbx_child_fail(ctx, join ? SBX_STEP_NS_SETNS : SBX_STEP_NS_UNSHARE, ENOSYS, s->ns_flags);
 }
 
+int sbx_ns_dev_template(void)
+{
+    errno = ENOSYS;
+    return -1;
+}
+
 int sbx_ns_make(int kind)
 {
     (void)kind;
