@@ -852,8 +852,14 @@ class Spawn:
         # by close().
         self.dev_fd = _devtree.take() if own_dev and not plan.user_ns else -1
         # Landlock skips the directory a mount hides: each tmpfs gets a rule
-        # of its own in the child, with the rights the workspace has.
-        ll = writable_rights(plan.landlock) if plan.landlock and (tmpfs or entries) else 0
+        # of its own in the child, with the rights the workspace has.  Under
+        # a writable "/" the rule for "/" holds beneath them already (the
+        # walk up goes on from the mount point's parent), so the child adds
+        # none and the ruleset can be shared.  Never on an ancestor shared
+        # by every sandbox (the template's root): one could then write in
+        # another's /dev/shm, given a way to it.
+        in_child = tmpfs or (entries and ro_root)
+        ll = writable_rights(plan.landlock) if plan.landlock and in_child else 0
         # The child adds those rules to the ruleset it is given: it must be
         # this sandbox's own (see _landlock.ruleset).
         self.child_rules = bool(ll)

@@ -304,6 +304,28 @@ needs_dev_template = pytest.mark.skipif(
 )
 
 
+@pytest.mark.skipif(
+    not (MNT is not None and MNT.ok and ABI >= 1),
+    reason=f"needs a read-only view and Landlock (doctor: {MNT and MNT.reason}; abi {ABI})",
+)
+def test_a_writable_root_view_keeps_its_landlock_ruleset(monkeypatch):
+    # Under a writable "/" the rule for "/" holds beneath the child's
+    # /dev/pts and /dev/shm: it adds no rule of its own, so the same
+    # ruleset serves every spawn of the policy, not one made each time.
+    made = []
+    real = _core.landlock_ruleset
+    monkeypatch.setattr(_core, "landlock_ruleset", lambda *a: made.append(1) or real(*a))
+    policy = Policy(workdir="/")
+    for _ in range(5):
+        r = sbxlimit.run(
+            [PY, "-c", "open('/dev/shm/x', 'w').write('1'); import os; os.openpty()"],
+            policy=policy,
+            capture_output=True,
+        )
+        assert r.returncode == 0, r.stderr
+    assert len(made) <= 1, made
+
+
 @needs_dev_template
 def test_sandboxes_cloning_the_dev_template_share_no_shm_nor_terminal():
     # One template, cloned by each: what one sandbox leaves in its /dev/shm
