@@ -402,8 +402,18 @@ int sbx_ns_dev_template(void)
             goto out;
         }
     }
-    if (set_attr(dev, "", SBX_AT_EMPTY_PATH, SBX_MOUNT_ATTR_RDONLY) < 0)
+    if (set_attr(dev, "", SBX_AT_EMPTY_PATH, SBX_MOUNT_ATTR_RDONLY) < 0) {
         saved = errno;
+        goto out;
+    }
+    /* What each child will do with it: a kernel that builds the tree but
+     * cannot clone it would fail every spawn, where it can fall back now. */
+    fd = (int)syscall(SYS_open_tree, dev, "",
+                      SBX_OPEN_TREE_CLONE | O_CLOEXEC | SBX_AT_EMPTY_PATH | SBX_AT_RECURSIVE);
+    if (fd < 0)
+        saved = errno;
+    else
+        close(fd);
 out:
     close(fs);
     if (saved && dev >= 0)
