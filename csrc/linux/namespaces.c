@@ -293,71 +293,93 @@ static int own_devpts(const struct sbx_spec *s)
     return allow_root(s, "/dev/pts");
 }
 
+/* Close the fds >= 0 among fds[0..n), errno kept. */
+static void close_all(const int *fds, size_t n)
+{
+    int saved = errno;
+    size_t i;
+
+    for (i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    errno = saved;
+}
+
+/* Detached clones of the host's nodes into nodes[] (-1 for one it lacks);
+ * 0, or -1 with errno with none left open. */
+static int clone_nodes(int nodes[N_DEV_NODES])
+{
+    char path[32];
+    size_t i;
+
+    for (i = 0; i < N_DEV_NODES; i++) {
+        nodes[i] = dev_path(path, sizeof path, dev_nodes[i]) < 0 ? -1 : clone_tree(path, 0);
+        if (nodes[i] < 0 && errno != ENOENT) {
+            close_all(nodes, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Fill the empty tmpfs at dir (an fd on its root): the nodes bound onto
+ * files of their names, pts and shm, the links; then make it read-only.
+ * The nodes' fds are closed.  The child's (private_dev) and the parent's
+ * template (sbx_ns_dev_template) alike. */
+static int fill_dev(int dir, int nodes[N_DEV_NODES])
+{
+    size_t i;
+    int saved = 0;
+
+    for (i = 0; i < N_DEV_NODES && !saved; i++) {
+        int fd;
+
+        if (nodes[i] < 0)
+            continue;
+        fd = openat(dir, dev_nodes[i], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 || close(fd) < 0 ||
+            syscall(SYS_move_mount, nodes[i], "", dir, dev_nodes[i], SBX_MOVE_MOUNT_F_EMPTY) < 0)
+            saved = errno;
+    }
+    close_all(nodes, N_DEV_NODES);
+    if (!saved && (mkdirat(dir, "pts", 0755) < 0 || mkdirat(dir, "shm", 01777) < 0))
+        saved = errno;
+    for (i = 0; i < N_DEV_LINKS && !saved; i++)
+        if (symlinkat(dev_links[i][0], dir, dev_links[i][1]) < 0)
+            saved = errno;
+    if (!saved && set_attr(dir, "", SBX_AT_EMPTY_PATH, SBX_MOUNT_ATTR_RDONLY) < 0)
+        saved = errno;
+    errno = saved;
+    return saved ? -1 : 0;
+}
+
 /* template: a clone of the parent's template (sbx_ns_dev_template), made
  * before the unshare, or -1: build the same tree here. */
 static int private_dev(const struct sbx_spec *s, int template)
 {
-    int fds[N_DEV_NODES];
-    char path[32];
-    size_t i;
-    int saved = 0;
+    int nodes[N_DEV_NODES], dir, rc;
 
     if (template >= 0)
         return attach(template, "/dev", 0) < 0 ? -1 : own_devpts(s);
     /* The host's nodes first: the tmpfs hides them. */
-    for (i = 0; i < N_DEV_NODES; i++) {
-        if (dev_path(path, sizeof path, dev_nodes[i]) < 0)
-            return -1;
-        fds[i] = clone_tree(path, 0);
-        if (fds[i] < 0 && errno != ENOENT) {
-            saved = errno;
-            goto out;
-        }
-    }
+    if (clone_nodes(nodes) < 0)
+        return -1;
     if (mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") <
-        0) {
-        saved = errno;
-        goto out;
+            0 ||
+        (dir = open("/dev", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) {
+        close_all(nodes, N_DEV_NODES);
+        return -1;
     }
-    for (i = 0; i < N_DEV_NODES; i++) {
-        int fd;
-
-        if (fds[i] < 0)
-            continue;
-        (void)dev_path(path, sizeof path, dev_nodes[i]);
-        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 || close(fd) < 0 || attach(fds[i], path, 0) < 0) {
-            saved = errno;
-            goto out;
-        }
-    }
-    if (mkdir("/dev/pts", 0755) < 0 || mkdir("/dev/shm", 01777) < 0 || own_devpts(s) < 0) {
-        saved = errno;
-        goto out;
-    }
-    for (i = 0; i < N_DEV_LINKS; i++) {
-        if (dev_path(path, sizeof path, dev_links[i][1]) < 0 ||
-            symlink(dev_links[i][0], path) < 0) {
-            saved = errno;
-            goto out;
-        }
-    }
-    if (set_attr(AT_FDCWD, "/dev", 0, SBX_MOUNT_ATTR_RDONLY) < 0)
-        saved = errno;
-out:
-    for (i = 0; i < N_DEV_NODES; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
-    errno = saved;
-    return saved ? -1 : 0;
+    rc = fill_dev(dir, nodes) < 0 ? -1 : own_devpts(s);
+    close_all(&dir, 1);
+    return rc;
 }
 
 /* Parent side: the tree private_dev builds, made once as a detached mount
  * (Linux 6.15+ mounts the nodes onto it), for each child to clone whole. */
 int sbx_ns_dev_template(void)
 {
-    char path[32];
-    size_t i;
+    int nodes[N_DEV_NODES];
     int saved = 0, fd, dev = -1, fs = (int)syscall(SYS_fsopen, "tmpfs", SBX_FSOPEN_CLOEXEC);
 
     if (fs < 0)
@@ -368,41 +390,8 @@ int sbx_ns_dev_template(void)
         syscall(SYS_fsconfig, fs, SBX_FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0 ||
         (dev = (int)syscall(SYS_fsmount, fs, SBX_FSMOUNT_CLOEXEC,
                             SBX_MOUNT_ATTR_NOSUID | SBX_MOUNT_ATTR_NODEV | SBX_MOUNT_ATTR_NOEXEC)) <
-            0) {
-        saved = errno;
-        goto out;
-    }
-    for (i = 0; i < N_DEV_NODES; i++) {
-        int node;
-
-        if (dev_path(path, sizeof path, dev_nodes[i]) < 0) {
-            saved = ENAMETOOLONG;
-            goto out;
-        }
-        node = clone_tree(path, 0);
-        if (node < 0 && errno == ENOENT)
-            continue;
-        fd = node < 0 ? -1
-                      : openat(dev, dev_nodes[i], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 || close(fd) < 0 ||
-            syscall(SYS_move_mount, node, "", dev, dev_nodes[i], SBX_MOVE_MOUNT_F_EMPTY) < 0)
-            saved = errno;
-        if (node >= 0)
-            close(node);
-        if (saved)
-            goto out;
-    }
-    if (mkdirat(dev, "pts", 0755) < 0 || mkdirat(dev, "shm", 01777) < 0) {
-        saved = errno;
-        goto out;
-    }
-    for (i = 0; i < N_DEV_LINKS; i++) {
-        if (symlinkat(dev_links[i][0], dev, dev_links[i][1]) < 0) {
-            saved = errno;
-            goto out;
-        }
-    }
-    if (set_attr(dev, "", SBX_AT_EMPTY_PATH, SBX_MOUNT_ATTR_RDONLY) < 0) {
+            0 ||
+        clone_nodes(nodes) < 0 || fill_dev(dev, nodes) < 0) {
         saved = errno;
         goto out;
     }
