@@ -291,7 +291,8 @@ def test_a_forked_child_does_not_keep_the_ready_namespaces(kind):
 def _template_error() -> str | None:
     """Why the /dev template cannot be built here, or None."""
     if not (MNT is not None and MNT.ok and not MNT.user):
-        return "the /dev template is made only where no user namespace is needed (root)"
+        why = MNT.reason if MNT is not None and not MNT.ok else "it takes a user namespace here"
+        return f"the /dev template is root's (doctor: mount_namespace: {why})"
     try:
         os.close(_core.dev_template())
     except OSError as e:
