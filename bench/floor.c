@@ -7,14 +7,22 @@
  * builds and runs it and turns the medians into floors: the least any
  * library on top of subprocess.run could cost for that mechanism.
  *
+ * Two variants measure the read-only view a policy asks for (VIEW), made
+ * the way sbxlimit's child makes it and from a namespace made once
+ * (VIEW_COPY), with the entries sbxlimit's Python layer gives for
+ * Policy(workdir="/") on this machine (bench/floor.py writes them).
+ *
  * Linux only; run as root (cgroup v1 directories, namespaces, Landlock).
- *     floor ROUNDS REAPER   (REAPER: sbxlimit's _pid1 program)
+ *     floor ROUNDS REAPER VIEW   (REAPER: sbxlimit's _pid1 program;
+ *                                 VIEW: a file of "P path" pins, "R path"
+ *                                 read-only binds)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/mount.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
 #include <linux/seccomp.h>
@@ -45,6 +53,11 @@ enum {
     PIDNS,        /* a PID namespace: the program is its PID 1 */
     PIDNS_REAPER, /* sbxlimit's way: PID 1 (with /proc) vforks the program, execs a reaper */
     TYPICAL,      /* rlimits + cgroup join + mount ns + net ns + Landlock */
+    VIEW,         /* Policy(workdir="/")'s view as the child makes it: a /dev
+                   * cloned from a template, /proc and /sys read-only, the
+                   * pins and read-only binds of the entries file */
+    VIEW_COPY,    /* the same view made once: join it, copy it (unshare), add
+                   * what is each sandbox's own (devpts, /dev/shm) */
     NVARIANTS
 };
 
@@ -60,6 +73,8 @@ static const char *const names[NVARIANTS] = {
     [PIDNS] = "pidns",
     [PIDNS_REAPER] = "pidns+reaper",
     [TYPICAL] = "typical",
+    [VIEW] = "view",
+    [VIEW_COPY] = "view-copy",
 };
 
 static const char *const hierarchies[] = {"memory", "pids", "cpuacct", "freezer"};
@@ -74,6 +89,13 @@ static int ruleset_fd = -1;
 static struct sock_fprog filter;
 static char *const argv_true[] = {"/bin/true", NULL};
 static char *const envp[] = {NULL};
+
+/* The view's entries (main reads them), the /dev template, the view made once. */
+#define MAX_ENTRIES 256
+static char *pins[MAX_ENTRIES], *binds[MAX_ENTRIES];
+static size_t n_pins, n_binds;
+static int dev_template = -1;
+static int view_ns = -1;
 
 static long landlock(long nr, long a, long b, long c)
 {
@@ -145,6 +167,80 @@ static void mountns(void)
     if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
         mount("tmpfs", "/tmp", "tmpfs", 0, "size=1m") < 0)
         _exit(123);
+}
+
+static int set_attr(int dfd, const char *path, unsigned flags, uint64_t set)
+{
+    struct mount_attr attr;
+
+    memset(&attr, 0, sizeof attr);
+    attr.attr_set = set;
+    return (int)syscall(SYS_mount_setattr, dfd, path, flags, &attr, sizeof attr);
+}
+
+/* open_tree + move_mount, as the core binds (the source's tree, flags added). */
+static int bind_tree(const char *src, const char *path, uint64_t set)
+{
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src,
+                          OPEN_TREE_CLONE | O_CLOEXEC | AT_SYMLINK_NOFOLLOW | AT_RECURSIVE);
+    int rc;
+
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1; /* not there: skipped, as the core does */
+    rc = set ? set_attr(fd, "", AT_EMPTY_PATH | AT_RECURSIVE, set) : 0;
+    if (rc == 0)
+        rc = (int)syscall(SYS_move_mount, fd, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH);
+    close(fd);
+    return rc;
+}
+
+/* What each sandbox has of its own in its /dev. */
+static int own_dev(void)
+{
+    if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666"))
+        return -1;
+    return mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+}
+
+/* The view, in a namespace just unshared; dev: a clone of the template. */
+static int make_view(int dev)
+{
+    uint64_t ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID;
+    size_t i;
+
+    /* "/" stays writable: a writable root, whence the pins. */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        syscall(SYS_move_mount, dev, "", AT_FDCWD, "/dev", MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
+        bind_tree("/proc", "/proc", ro) < 0 || bind_tree("/sys", "/sys", ro) < 0)
+        return -1;
+    for (i = 0; i < n_pins; i++)
+        if (bind_tree(pins[i], pins[i], MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) < 0)
+            return -1;
+    for (i = 0; i < n_binds; i++)
+        if (bind_tree(binds[i], binds[i], ro) < 0)
+            return -1;
+    return 0;
+}
+
+static int clone_dev(void)
+{
+    return (int)syscall(SYS_open_tree, dev_template, "",
+                        OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE);
+}
+
+static void view(void)
+{
+    int dev = clone_dev();
+
+    if (dev < 0 || unshare(CLONE_NEWNS) < 0 || make_view(dev) < 0 || own_dev() < 0)
+        _exit(125);
+}
+
+static void view_copy(void)
+{
+    if (setns(view_ns, CLONE_NEWNS) < 0 || unshare(CLONE_NEWNS) < 0 || own_dev() < 0 ||
+        chdir("/") < 0)
+        _exit(125);
 }
 
 static sigset_t saved_mask;
@@ -219,6 +315,12 @@ static int child(void *arg)
             _exit(124);
         sandbox();
         break;
+    case VIEW:
+        view();
+        break;
+    case VIEW_COPY:
+        view_copy();
+        break;
     }
     execve(argv_true[0], argv_true, envp);
     _exit(127);
@@ -237,6 +339,108 @@ static int make_netns(void)
         abort(); /* this benchmark would go on in the wrong namespace */
     close(home);
     return netns_fd < 0 ? -1 : 0;
+}
+
+/* A /dev as the core's template: a directory of the host's six nodes,
+ * pts and shm, cloned detached (a bind of it, as good as a tmpfs here). */
+static char dev_dir[] = "/tmp/floor-dev-XXXXXX";
+static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom",
+                                        "tty",  "ptmx", "pts",  "shm"};
+#define N_DEV_NODES 6 /* the rest: a link and two directories */
+
+static int make_dev_template(void)
+{
+    char from[64], to[300];
+    struct stat st;
+
+    for (size_t i = 0; i < N_DEV_NODES; i++) {
+        snprintf(from, sizeof from, "/dev/%s", dev_nodes[i]);
+        snprintf(to, sizeof to, "%s/%s", dev_dir, dev_nodes[i]);
+        if (stat(from, &st) < 0 || mknod(to, st.st_mode, st.st_rdev) < 0)
+            return -1;
+    }
+    snprintf(to, sizeof to, "%s/ptmx", dev_dir);
+    if (symlink("pts/ptmx", to) < 0)
+        return -1;
+    snprintf(to, sizeof to, "%s/pts", dev_dir);
+    if (mkdir(to, 0755) < 0)
+        return -1;
+    snprintf(to, sizeof to, "%s/shm", dev_dir);
+    if (mkdir(to, 01777) < 0)
+        return -1;
+    dev_template =
+        (int)syscall(SYS_open_tree, AT_FDCWD, dev_dir, OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE);
+    return dev_template < 0 ? -1 : 0;
+}
+
+static void remove_dev_dir(void)
+{
+    char path[300];
+
+    for (size_t i = 0; i < sizeof dev_nodes / sizeof dev_nodes[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dev_dir, dev_nodes[i]);
+        if (unlink(path) < 0)
+            rmdir(path);
+    }
+    rmdir(dev_dir);
+}
+
+/* The view made once: a process makes it in a namespace of its own, and
+ * the namespace is kept by an fd after the process is gone. */
+static int make_view_ns(void)
+{
+    int ready[2], rc = -1;
+    char path[64], c;
+    pid_t pid;
+
+    if (pipe2(ready, O_CLOEXEC) < 0)
+        return -1;
+    pid = fork();
+    if (pid == 0) {
+        int dev = clone_dev();
+
+        close(ready[0]);
+        if (dev < 0 || unshare(CLONE_NEWNS) < 0 || make_view(dev) < 0)
+            _exit(1);
+        if (write(ready[1], "x", 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    close(ready[1]);
+    if (pid > 0 && read(ready[0], &c, 1) == 1) {
+        snprintf(path, sizeof path, "/proc/%d/ns/mnt", (int)pid);
+        view_ns = open(path, O_RDONLY | O_CLOEXEC);
+        rc = view_ns < 0 ? -1 : 0;
+    }
+    close(ready[0]);
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return rc;
+}
+
+static int read_entries(const char *file)
+{
+    char line[4096];
+    FILE *f = fopen(file, "r");
+
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        size_t n = strlen(line);
+
+        if (n < 3 || (line[0] != 'P' && line[0] != 'R'))
+            continue;
+        line[n - 1] = line[n - 1] == '\n' ? 0 : line[n - 1];
+        if (line[0] == 'P' && n_pins < MAX_ENTRIES)
+            pins[n_pins++] = strdup(line + 2);
+        else if (line[0] == 'R' && n_binds < MAX_ENTRIES)
+            binds[n_binds++] = strdup(line + 2);
+    }
+    fclose(f);
+    return 0;
 }
 
 static int write_file(const char *path, const char *value)
@@ -353,8 +557,14 @@ int main(int argc, char **argv)
     int order[NVARIANTS];
 
     reaper_path = argc > 2 ? argv[2] : NULL;
-    if (!stack || rounds <= 0 || !reaper_path)
+    if (!stack || rounds <= 0 || !reaper_path || argc < 4)
         return 2;
+    if (read_entries(argv[3]) < 0 || mkdtemp(dev_dir) == NULL || make_dev_template() < 0 ||
+        make_view_ns() < 0) {
+        perror("floor: view");
+        remove_dev_dir();
+        return 2;
+    }
     ruleset_fd = make_ruleset();
     if (ruleset_fd < 0) {
         perror("floor: landlock");
@@ -389,12 +599,17 @@ int main(int argc, char **argv)
                 close_procs();
             if (v == NETNS_JOIN)
                 close(netns_fd);
-            if (t[v][r] < 0)
+            if (t[v][r] < 0) {
+                remove_dev_dir();
                 return 1;
+            }
         }
     }
     for (size_t i = 0; i < NH; i++)
         rmdir(paths[i]);
+    close(view_ns);
+    close(dev_template);
+    remove_dev_dir();
     for (int v = 0; v < NVARIANTS; v++) {
         qsort(t[v], (size_t)rounds, sizeof **t, cmp64);
         printf("%s %lld\n", names[v], (long long)t[v][rounds / 2]);

@@ -4,7 +4,10 @@ Builds bench/floor.c (the cheapest spawn C can make, with one mechanism's
 system calls) and runs it, then prints, per mechanism, what the kernel adds
 to a plain spawn and the floor that sets for a library on top of
 subprocess.run: 1 + (C variant - C plain) / subprocess.run, with
-subprocess.run's median measured just before and just after.  Linux, root.
+subprocess.run's median measured just before and just after.  The view
+variants use the pins and read-only binds sbxlimit's Python layer gives
+``Policy(workdir="/")`` on this machine (its protected paths: HOME's
+dotfiles, the git repositories found).  Linux, root.
 
     python bench/floor.py [--rounds 300]
 """
@@ -33,6 +36,27 @@ def subprocess_median(rounds: int) -> float:
     return statistics.median(times)
 
 
+def view_entries(path: str) -> tuple[int, int]:
+    """Write the view's pins ("P path") and read-only binds ("R path")
+    for Policy(workdir="/") to `path`; returns how many of each."""
+    import sbxlimit
+    from sbxlimit import _core, _namespaces, _protected
+
+    policy = sbxlimit.Policy(workdir="/")
+    found = _protected.protected(os.path.expanduser("~"), ["/"])
+    entries, _ro_root, _own_dev = _namespaces.view(policy, "/", None, found.paths)
+    kinds = {_core.VIEW_PIN: "P", _core.VIEW_RO: "R"}
+    lines = [
+        f"{kinds[kind]} {os.fsdecode(p)}"
+        for kind, p, data in entries
+        if kind in kinds and not data and p not in (b"/proc", b"/sys")
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    pins = sum(1 for line in lines if line[0] == "P")
+    return pins, len(lines) - pins
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=300)
@@ -48,7 +72,9 @@ def main() -> None:
         before = subprocess_median(a.rounds)
         from sbxlimit._namespaces import REAPER
 
-        cmd = [exe, str(a.rounds), os.fsdecode(REAPER)]
+        entries = os.path.join(tmp, "view")
+        pins, binds = view_entries(entries)
+        cmd = [exe, str(a.rounds), os.fsdecode(REAPER), entries]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
         after = subprocess_median(a.rounds)
     sub = (before + after) / 2
@@ -57,6 +83,7 @@ def main() -> None:
     print(
         f"# subprocess.run: {sub * 1e6:.0f} us (before {before * 1e6:.0f}, after {after * 1e6:.0f})"
     )
+    print(f"# the view: {pins} pins, {binds} read-only binds (those not there are skipped)")
     print("| mechanism | C spawn (median) | kernel's extra | floor vs subprocess.run |")
     print("|---|---|---|---|")
     for name, t in ns.items():
