@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sbx.h"
@@ -462,11 +463,12 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     spec.landlock_fd = landlock_fd;
     spec.tmpfs_sock = -1;
     spec.ns_status_fd = -1;
-    spec.ns_netns_fd = spec.ns_ipcns_fd = spec.view_dev_fd = -1;
+    spec.ns_netns_fd = spec.ns_ipcns_fd = spec.view_dev_fd = spec.view_ns_fd = -1;
     if (ns != Py_None) {
         /* (flags, uid_map, gid_map, loopback, tmpfs_path, tmpfs_opts,
          * tmpfs_mkdir, tmpfs_sock, tmpfs_landlock, view, view_ro_root, view_dev,
-         * status_fd, reaper, netns_fd, ipcns_fd, proxy_port, view_dev_fd):
+         * status_fd, reaper, netns_fd, ipcns_fd, proxy_port, view_dev_fd,
+         * view_ns_fd):
          * bytes, b"" for none; view: ((kind, path, data), ...).  The
          * pointers are borrowed from `args`, alive until we return. */
         const char *tp, *to, *tm;
@@ -476,14 +478,15 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
         const char *reaper;
 
         if (!PyArg_ParseTuple(ns,
-                              "iyypyyyiKOppiyiiii;ns is (flags, uid_map, gid_map, loopback, "
+                              "iyypyyyiKOppiyiiiii;ns is (flags, uid_map, gid_map, loopback, "
                               "tmpfs_path, tmpfs_opts, tmpfs_mkdir, tmpfs_sock, "
                               "tmpfs_landlock, view, view_ro_root, view_dev, status_fd, reaper, "
-                              "netns_fd, ipcns_fd, proxy_port, view_dev_fd)",
+                              "netns_fd, ipcns_fd, proxy_port, view_dev_fd, view_ns_fd)",
                               &spec.ns_flags, &spec.uid_map, &spec.gid_map, &spec.ns_loopback, &tp,
                               &to, &tm, &spec.tmpfs_sock, &ll, &view, &spec.view_ro_root,
                               &spec.view_dev, &spec.ns_status_fd, &reaper, &spec.ns_netns_fd,
-                              &spec.ns_ipcns_fd, &spec.proxy_port, &spec.view_dev_fd))
+                              &spec.ns_ipcns_fd, &spec.proxy_port, &spec.view_dev_fd,
+                              &spec.view_ns_fd))
             goto done;
         spec.ns_reaper = *reaper ? reaper : NULL;
         spec.ns_join_net = spec.ns_netns_fd >= 0;
@@ -727,6 +730,97 @@ static PyObject *core_dev_template(PyObject *self, PyObject *unused)
     return PyLong_FromLong(fd);
 }
 
+PyDoc_STRVAR(view_ns_doc, "view_ns(view, view_ro_root, dev_fd, /)\n"
+                          "    -> tuple[int, tuple[int, ...], tuple[int, int]]\n"
+                          "--\n\n"
+                          "The read-only view made once, in a mount namespace of its own (an fd,\n"
+                          "close-on-exec) for children to join and copy: the ns tuple's\n"
+                          "view_ns_fd.  view: the entries (no private tmpfs); dev_fd: a\n"
+                          "dev_template() to clone onto /dev, or -1.  Returns the fd, the\n"
+                          "indexes of the entries that were not there, and (st_dev, st_ino) of\n"
+                          "the namespace's root, where a child that joins it starts.");
+
+static PyObject *core_view_ns(PyObject *self, PyObject *args)
+{
+    struct spec_storage st;
+    PyObject *view, *out = NULL, *missing_out = NULL;
+    unsigned char *missing = NULL;
+    struct stat root;
+    size_t i, n = 0, k = 0;
+    int ro_root, dev_fd, fd;
+
+    (void)self;
+    memset(&st, 0, sizeof st);
+    memset(&root, 0, sizeof root);
+    if (!PyArg_ParseTuple(args, "Opi:view_ns", &view, &ro_root, &dev_fd))
+        return NULL;
+    st.keep = PyList_New(0);
+    if (!st.keep || to_view(view, &st, &n) < 0)
+        goto done;
+    missing = PyMem_Calloc(n + 1, 1);
+    if (!missing) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+        fd = sbx_ns_view_ns(st.view, n, ro_root, dev_fd, missing, &root);
+    Py_END_ALLOW_THREADS
+    if (fd < 0) {
+        errno = -fd;
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_ns_view_ns");
+        goto done;
+    }
+    for (i = 0; i < n; i++)
+        k += missing[i];
+    missing_out = PyTuple_New((Py_ssize_t)k);
+    if (!missing_out) {
+        close(fd);
+        goto done;
+    }
+    for (i = 0, k = 0; i < n; i++) {
+        if (!missing[i])
+            continue;
+        PyObject *x = PyLong_FromSize_t(i);
+
+        if (!x) {
+            close(fd);
+            goto done;
+        }
+        PyTuple_SET_ITEM(missing_out, (Py_ssize_t)k++, x);
+    }
+    out = Py_BuildValue("(iO(KK))", fd, missing_out, (unsigned long long)root.st_dev,
+                        (unsigned long long)root.st_ino);
+    if (!out)
+        close(fd);
+done:
+    Py_XDECREF(missing_out);
+    PyMem_Free(missing);
+    storage_free(&st);
+    return out;
+}
+
+PyDoc_STRVAR(mounts_changed_doc,
+             "mounts_changed(fd, /) -> bool\n"
+             "--\n\n"
+             "Whether the mount table that fd (an open /proc/self/mountinfo) shows\n"
+             "changed since it was opened or last asked.");
+
+static PyObject *core_mounts_changed(PyObject *self, PyObject *arg)
+{
+    long fd = PyLong_AsLong(arg);
+    int r;
+
+    (void)self;
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    r = sbx_mounts_changed((int)fd); /* poll with no wait: the GIL is kept */
+    if (r < 0) {
+        errno = -r;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong(r);
+}
+
 PyDoc_STRVAR(tree_signal_doc, "tree_signal(pid, sig, pgid) -> int\n"
                               "--\n\n"
                               "Signal the tree rooted at pid and, when pgid > 0, that process\n"
@@ -842,10 +936,11 @@ static PyObject *core_watch_open(PyObject *self, PyObject *unused)
 }
 
 PyDoc_STRVAR(watch_add_doc,
-             "watch_add(fd, paths, dirs, /) -> list[int]\n"
+             "watch_add(fd, paths, what, /) -> list[int]\n"
              "--\n\n"
-             "Watch each of paths on the inotify fd (dirs: their entries; else the\n"
-             "files' contents), the GIL released once; returns each one's watch\n"
+             "Watch each of paths on the inotify fd (what: 1 (True) their entries,\n"
+             "0 (False) the files' contents, WATCH_SELF each file or directory\n"
+             "itself), the GIL released once; returns each one's watch\n"
              "descriptor, or -errno (-EXDEV: a filesystem whose changes this kernel\n"
              "may not see).");
 
@@ -858,7 +953,7 @@ static PyObject *core_watch_add(PyObject *self, PyObject *args)
     int fd, dirs;
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "iOp:watch_add", &fd, &seq, &dirs))
+    if (!PyArg_ParseTuple(args, "iOi:watch_add", &fd, &seq, &dirs))
         return NULL;
     keep = PyList_New(0);
     if (!keep)
@@ -1371,6 +1466,8 @@ static PyMethodDef core_methods[] = {
     {"tree_sample_many", core_tree_sample_many, METH_O, tree_sample_many_doc},
     {"ns_make", core_ns_make, METH_O, ns_make_doc},
     {"dev_template", core_dev_template, METH_NOARGS, dev_template_doc},
+    {"view_ns", core_view_ns, METH_VARARGS, view_ns_doc},
+    {"mounts_changed", core_mounts_changed, METH_O, mounts_changed_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
 #ifdef __APPLE__
     {"seatbelt_apply", core_seatbelt_apply, METH_O, seatbelt_apply_doc},
@@ -1421,6 +1518,7 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "VIEW_HIDE", SBX_VIEW_HIDE) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_TMPFS", SBX_VIEW_TMPFS) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_PIN", SBX_VIEW_PIN) < 0 ||
+        PyModule_AddIntConstant(m, "WATCH_SELF", SBX_WATCH_SELF) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_MAX_RW", SBX_VIEW_MAX_RW) < 0 ||
         PyModule_AddIntConstant(m, "HOW_VM", SBX_HOW_VM) < 0 ||
         PyModule_AddIntConstant(m, "HOW_CLONE3", SBX_HOW_CLONE3) < 0 ||

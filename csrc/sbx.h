@@ -54,7 +54,7 @@ enum sbx_step {
     SBX_STEP_CLOSE_FDS,    /* "close_fds" */
     SBX_STEP_SIGMASK,      /* "signals:mask" */
     SBX_STEP_EXEC,         /* "exec" */
-    SBX_STEP_NS_SETNS,     /* "ns:setns" (a network namespace made ahead) */
+    SBX_STEP_NS_SETNS,     /* "ns:setns" (a namespace made ahead: 0 net, 1 IPC, 2 the view's) */
     SBX_STEP_NS_PROXY,     /* "ns:proxy" (the proxy's listener on its loopback) */
     SBX_STEP__COUNT
 };
@@ -211,6 +211,12 @@ struct sbx_spec {
     /* >= 0: the child clones this template of it (sbx_ns_dev_template)
      * instead of building one; not with CLONE_NEWUSER. */
     int view_dev_fd;
+    /* >= 0: a mount namespace holding the view already (sbx_ns_view_ns):
+     * "/" read-only, /dev, the entries it was made with.  The child joins
+     * and copies it (unshare), and `view` holds only what is its own:
+     * writable trees of its own (cloned before it joins), its tmpfs, what
+     * was not there when the namespace was made.  Not with CLONE_NEWUSER. */
+    int view_ns_fd;
 
     sbx_child_hook hook; /* non-NULL forces fork() instead of vfork() */
 
@@ -281,6 +287,19 @@ int sbx_ns_make(int kind);
  * or EINVAL where the kernel cannot build it (mounts onto a detached tree
  * need Linux 6.15), EPERM without CAP_SYS_ADMIN. */
 int sbx_ns_dev_template(void);
+
+/* The read-only view made once (spec view_ns_fd), in a mount namespace of
+ * its own made by a thread of the core: "/" read-only with view_ro_root,
+ * the writable trees among view[] put back, dev_fd (a template from
+ * sbx_ns_dev_template, or -1) cloned onto /dev, then the other entries in
+ * order; no SBX_VIEW_TMPFS entry.  missing[i] is set to 1 for each entry
+ * not there (skipped; the child makes it at its spawn if it is there by
+ * then).  *root: the namespace's "/", where a child that joins it starts
+ * (the caller's "/" unless the caller is chrooted).  Returns the
+ * namespace's fd (close-on-exec), or -errno. */
+struct stat;
+int sbx_ns_view_ns(const struct sbx_view *view, size_t n_view, int view_ro_root, int dev_fd,
+                   unsigned char *missing, struct stat *root);
 
 /* ---- process trees (platform code: linux/proctree.c) ------------------ */
 
@@ -410,10 +429,18 @@ size_t sbx_fs_batch(struct sbx_fs_step *steps, size_t n, int stop_at_error);
 /* An inotify fd (non-blocking, close-on-exec), or -errno. */
 int sbx_watch_open(void);
 
-/* Watch `path` (dir: a directory's entries; else a file's content) on fd.
- * Returns the watch descriptor, or -errno: -EXDEV where the filesystem is
- * one whose changes this kernel may not see (network, FUSE). */
-int sbx_watch_add(int fd, const char *path, int dir);
+/* Watch `path` on fd: what: SBX_WATCH_ENTRIES a directory's entries,
+ * SBX_WATCH_CONTENT a file's content, SBX_WATCH_SELF only the file or
+ * directory itself (removed, moved, its links or attributes changed; the
+ * path itself, not a link's target).  Returns the watch descriptor, or
+ * -errno: -EXDEV where the filesystem is one whose changes this kernel may
+ * not see (network, FUSE). */
+enum { SBX_WATCH_CONTENT = 0, SBX_WATCH_ENTRIES = 1, SBX_WATCH_SELF = 2 };
+int sbx_watch_add(int fd, const char *path, int what);
+
+/* 1 if the mount table that fd (an open /proc/self/mountinfo) shows has
+ * changed since it was opened or last asked, else 0; -errno. */
+int sbx_mounts_changed(int fd);
 
 /* Drain fd's queue into wds (cap entries, *n_wds filled): the distinct
  * watches on which an event that can change the search was queued (a

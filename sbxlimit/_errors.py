@@ -113,7 +113,8 @@ _STEP_HINTS = {
     "AppArmor (Ubuntu 24.04) may allow the namespace but refuse the map.",
     "ns:loopback": "bringing lo up needs CAP_NET_ADMIN in the new network namespace.",
     "ns:setns": "the child could not join a namespace made for it ahead of time (detail: 0 "
-    "network, 1 IPC); a seccomp profile may forbid setns.",
+    "network, 1 IPC, 2 the read-only view's mount namespace); a seccomp profile may forbid "
+    "setns.",
     "ns:proxy": "the child could not listen for the filtering proxy on its own loopback "
     "(detail: the port); its network namespace may lack a loopback.",
     "ns:mount": "the workspace's tmpfs needs a mount namespace of the sandbox's own; pass "

@@ -168,6 +168,18 @@ static int make_private(void)
 
 /* ---- the read-only view ------------------------------------------------ */
 
+/* Close the fds >= 0 among fds[0..n), errno kept. */
+static void close_all(const int *fds, size_t n)
+{
+    int saved = errno;
+    size_t i;
+
+    for (i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    errno = saved;
+}
+
 static int set_attr(int dfd, const char *path, unsigned flags, uint64_t set)
 {
     struct sbx_mount_attr attr;
@@ -218,41 +230,72 @@ static int writable(const struct sbx_view *v)
     return v->kind == SBX_VIEW_RW || v->kind == SBX_VIEW_RW_DEV;
 }
 
-/* The host read-only, the writable trees back as they were.  The clones'
- * fds live on this (the child's) stack: nothing is written to the parent's
+/* Detached clones of the view's writable trees into fds, in order (-1 for
+ * one not there), or -1 with errno and index[0] the entry's.  The clones'
+ * fds live on the caller's stack: a child writes nothing to the parent's
  * memory. */
-static void view_begin_child(const struct sbx_child_ctx *ctx)
+static int clone_rw(const struct sbx_view *view, size_t n_view, int *fds, int64_t *index)
 {
-    const struct sbx_spec *s = ctx->spec;
-    int fds[SBX_VIEW_MAX_RW];
     size_t i, n = 0;
 
-    for (i = 0; i < s->n_view && n < SBX_VIEW_MAX_RW; i++) {
-        if (!writable(&s->view[i]))
+    for (i = 0; i < n_view && n < SBX_VIEW_MAX_RW; i++) {
+        if (!writable(&view[i]))
             continue;
-        fds[n] = clone_tree(s->view[i].path, SBX_AT_RECURSIVE);
-        if (fds[n] < 0 && errno != ENOENT)
-            sbx_child_fail(ctx, SBX_STEP_NS_VIEW, errno, (int64_t)i);
-        n++;
-    }
-    if (s->view_ro_root)
-        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -1,
-                       set_attr(AT_FDCWD, "/", SBX_AT_RECURSIVE,
-                                SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID));
-    n = 0;
-    for (i = 0; i < s->n_view && n < SBX_VIEW_MAX_RW; i++) {
-        uint64_t set = SBX_MOUNT_ATTR_NOSUID;
-
-        if (!writable(&s->view[i]))
-            continue;
-        if (fds[n] >= 0) {
-            if (s->view[i].kind == SBX_VIEW_RW)
-                set |= SBX_MOUNT_ATTR_NODEV;
-            SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, (int64_t)i, attach(fds[n], s->view[i].path, set));
-            close(fds[n]);
+        fds[n] = clone_tree(view[i].path, SBX_AT_RECURSIVE);
+        if (fds[n] < 0 && errno != ENOENT) {
+            *index = (int64_t)i;
+            close_all(fds, n);
+            return -1;
         }
         n++;
     }
+    return 0;
+}
+
+/* Put the clones back where they were (each fd closed), or -1 with errno
+ * and index[0] the entry's. */
+static int attach_rw(const struct sbx_view *view, size_t n_view, int *fds, int64_t *index)
+{
+    size_t i, n = 0;
+    int rc = 0;
+
+    for (i = 0; i < n_view && n < SBX_VIEW_MAX_RW; i++) {
+        uint64_t set = SBX_MOUNT_ATTR_NOSUID;
+
+        if (!writable(&view[i]))
+            continue;
+        if (fds[n] >= 0 && rc == 0) {
+            if (view[i].kind == SBX_VIEW_RW)
+                set |= SBX_MOUNT_ATTR_NODEV;
+            rc = attach(fds[n], view[i].path, set);
+            *index = (int64_t)i;
+        }
+        if (fds[n] >= 0)
+            close_all(&fds[n], 1);
+        n++;
+    }
+    return rc;
+}
+
+static int ro_root(void)
+{
+    return set_attr(AT_FDCWD, "/", SBX_AT_RECURSIVE, SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID);
+}
+
+/* The host read-only, the writable trees back as they were; fds: clones
+ * made already (a view copied: made before the child joined it), or NULL. */
+static void view_begin_child(const struct sbx_child_ctx *ctx, int *made)
+{
+    const struct sbx_spec *s = ctx->spec;
+    int own[SBX_VIEW_MAX_RW], *fds = made != NULL ? made : own;
+    int64_t index = -1;
+
+    if (made == NULL && clone_rw(s->view, s->n_view, fds, &index) < 0)
+        sbx_child_fail(ctx, SBX_STEP_NS_VIEW, errno, index);
+    if (made == NULL && s->view_ro_root)
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -1, ro_root());
+    if (attach_rw(s->view, s->n_view, fds, &index) < 0)
+        sbx_child_fail(ctx, SBX_STEP_NS_VIEW, errno, index);
 }
 
 static int allow_root(const struct sbx_spec *s, const char *path);
@@ -291,18 +334,6 @@ static int own_devpts(const struct sbx_spec *s)
               "newinstance,ptmxmode=0666,mode=0620") < 0)
         return -1;
     return allow_root(s, "/dev/pts");
-}
-
-/* Close the fds >= 0 among fds[0..n), errno kept. */
-static void close_all(const int *fds, size_t n)
-{
-    int saved = errno;
-    size_t i;
-
-    for (i = 0; i < n; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
-    errno = saved;
 }
 
 /* Detached clones of the host's nodes into nodes[] (-1 for one it lacks);
@@ -438,13 +469,14 @@ static int view_entry(const struct sbx_spec *s, const struct sbx_view *v)
     }
 }
 
-static void view_finish_child(const struct sbx_child_ctx *ctx, int dev)
+/* copied: the view's namespace was copied, its /dev there already. */
+static void view_finish_child(const struct sbx_child_ctx *ctx, int dev, int copied)
 {
     const struct sbx_spec *s = ctx->spec;
     size_t i;
 
     if (s->view_dev)
-        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -2, private_dev(s, dev));
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -2, copied ? own_devpts(s) : private_dev(s, dev));
     if (dev >= 0)
         close(dev);
     for (i = 0; i < s->n_view; i++) {
@@ -713,20 +745,30 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
     /* PID 1 was cloned into its PID (and user) namespace already. */
     int flags =
         (ctx->how & SBX_HOW_PID1) ? s->ns_flags & ~(CLONE_NEWPID | CLONE_NEWUSER) : s->ns_flags;
-    int dev = -1;
+    int dev = -1, rw[SBX_VIEW_MAX_RW];
+    int copied =
+        (s->ns_flags & CLONE_NEWNS) && s->view_ns_fd >= 0 && !(s->ns_flags & CLONE_NEWUSER);
+    int64_t index = -1;
 
     if (s->ns_join_net)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_SETNS, 0, setns(s->ns_netns_fd, CLONE_NEWNET));
     if (s->ns_join_ipc)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_SETNS, 1, setns(s->ns_ipcns_fd, CLONE_NEWIPC));
-    /* Cloned while still in the namespace the template was made in: the
-     * kernel copies a detached tree only from there. */
-    if ((s->ns_flags & CLONE_NEWNS) && s->view_dev && s->view_dev_fd >= 0 &&
-        !(s->ns_flags & CLONE_NEWUSER))
+    if (copied) {
+        /* Its own writable trees from here, where they are writable; then
+         * the view's namespace, which the unshare below copies. */
+        if (clone_rw(s->view, s->n_view, rw, &index) < 0)
+            sbx_child_fail(ctx, SBX_STEP_NS_VIEW, errno, index);
+        SBX_CHILD_STEP(ctx, SBX_STEP_NS_SETNS, 2, setns(s->view_ns_fd, CLONE_NEWNS));
+    } else if ((s->ns_flags & CLONE_NEWNS) && s->view_dev && s->view_dev_fd >= 0 &&
+               !(s->ns_flags & CLONE_NEWUSER)) {
+        /* Cloned while still in the namespace the template was made in:
+         * the kernel copies a detached tree only from there. */
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_VIEW, -2,
                        dev = (int)syscall(SYS_open_tree, s->view_dev_fd, "",
                                           SBX_OPEN_TREE_CLONE | O_CLOEXEC | SBX_AT_EMPTY_PATH |
                                               SBX_AT_RECURSIVE));
+    }
     if (flags)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_UNSHARE, flags, unshare(flags));
     if ((s->ns_flags & CLONE_NEWUSER) && s->uid_map)
@@ -735,10 +777,11 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_LOOPBACK, 0, loopback_up());
     if (s->proxy_port > 0 && s->tmpfs_sock >= 0)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_PROXY, s->proxy_port, publish_listener(s));
-    if (s->ns_flags & CLONE_NEWNS)
+    /* A copy of the view's namespace is private already. */
+    if ((s->ns_flags & CLONE_NEWNS) && !copied)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 0, make_private());
     if ((s->ns_flags & CLONE_NEWNS) && (s->view_ro_root || s->n_view))
-        view_begin_child(ctx);
+        view_begin_child(ctx, copied ? rw : NULL);
     if ((s->ns_flags & CLONE_NEWNS) && s->tmpfs_path) {
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 1,
                        mount("tmpfs", s->tmpfs_path, "tmpfs", MS_NOSUID | MS_NODEV, s->tmpfs_opts));
@@ -747,7 +790,7 @@ void sbx_ns_enter_child(const struct sbx_child_ctx *ctx)
         SBX_CHILD_STEP(ctx, SBX_STEP_NS_MOUNT, 3, publish_root(s));
     }
     if ((s->ns_flags & CLONE_NEWNS) && (s->n_view || s->view_dev))
-        view_finish_child(ctx, dev);
+        view_finish_child(ctx, dev, copied);
     if (ctx->how & SBX_HOW_PID1)
         enter_pid_ns(ctx);
 }
@@ -820,6 +863,99 @@ int sbx_ns_make(int kind)
     if (job.fd < 0)
         errno = job.err;
     return job.fd;
+}
+
+/* ---- the view made once (parent side) ---------------------------------- */
+
+struct view_job {
+    const struct sbx_view *view;
+    size_t n_view;
+    int ro_root, dev_fd, fd, err;
+    unsigned char *missing;
+    struct stat *root;
+};
+
+/* view_entry's spec: no Landlock rule to add (no tmpfs is made here). */
+static const struct sbx_spec no_rules = {.landlock_fd = -1};
+
+static int make_view(struct view_job *job)
+{
+    const struct sbx_view *view = job->view;
+    int rw[SBX_VIEW_MAX_RW], dev = -1;
+    int64_t index = -1;
+    size_t i, n = 0;
+
+    /* Cloned here first: the kernel copies a detached tree only from the
+     * namespace that made it. */
+    if (job->dev_fd >= 0 && (dev = (int)syscall(SYS_open_tree, job->dev_fd, "",
+                                                SBX_OPEN_TREE_CLONE | O_CLOEXEC |
+                                                    SBX_AT_EMPTY_PATH | SBX_AT_RECURSIVE)) < 0)
+        return -1;
+    if (unshare(CLONE_NEWNS) < 0 || make_private() < 0 ||
+        clone_rw(view, job->n_view, rw, &index) < 0) {
+        close_all(&dev, 1);
+        return -1;
+    }
+    for (i = 0; i < job->n_view && n < SBX_VIEW_MAX_RW; i++)
+        if (writable(&view[i]))
+            job->missing[i] = rw[n++] < 0;
+    if (job->ro_root && ro_root() < 0) {
+        close_all(rw, n);
+        close_all(&dev, 1);
+        return -1;
+    }
+    /* attach_rw closes every clone, put back or not. */
+    if (attach_rw(view, job->n_view, rw, &index) < 0 || (dev >= 0 && attach(dev, "/dev", 0) < 0)) {
+        close_all(&dev, 1);
+        return -1;
+    }
+    close_all(&dev, 1);
+    for (i = 0; i < job->n_view; i++) {
+        if (writable(&view[i]))
+            continue;
+        if (view[i].kind == SBX_VIEW_TMPFS) {
+            errno = EINVAL; /* each sandbox's own */
+            return -1;
+        }
+        if (view_entry(&no_rules, &view[i]) < 0) {
+            if (errno != ENOENT)
+                return -1;
+            job->missing[i] = 1;
+        }
+    }
+    return 0;
+}
+
+static void *view_thread(void *arg)
+{
+    struct view_job *job = arg;
+
+    /* This thread alone enters the namespace it makes, and ends there.
+     * Joined again, it is at the namespace's root: what a child that joins
+     * it will see as "/" (not the caller's "/" if the caller is chrooted). */
+    if (make_view(job) < 0 ||
+        (job->fd = open("/proc/thread-self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0 ||
+        setns(job->fd, CLONE_NEWNS) < 0 || stat("/", job->root) < 0) {
+        job->err = errno;
+        close_all(&job->fd, 1);
+        job->fd = -1;
+    }
+    return NULL;
+}
+
+int sbx_ns_view_ns(const struct sbx_view *view, size_t n_view, int view_ro_root, int dev_fd,
+                   unsigned char *missing, struct stat *root)
+{
+    struct view_job job = {view, n_view, view_ro_root, dev_fd, -1, 0, missing, root};
+    pthread_t t;
+    int rc;
+
+    memset(missing, 0, n_view);
+    rc = pthread_create(&t, NULL, view_thread, &job);
+    if (rc != 0)
+        return -rc;
+    pthread_join(t, NULL);
+    return job.fd >= 0 ? job.fd : -(job.err ? job.err : EIO);
 }
 
 int sbx_ns_probe_child(long flags)

@@ -7,6 +7,8 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <poll.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/vfs.h>
@@ -45,13 +47,22 @@ int sbx_watch_open(void)
     (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF |         \
      IN_ONLYDIR)
 #define SBX_WATCH_FILE (IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF)
+/* A file replaced by a rename loses a link: IN_ATTRIB. */
+#define SBX_WATCH_ITSELF (IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW)
 
-int sbx_watch_add(int fd, const char *path, int dir)
+int sbx_watch_add(int fd, const char *path, int what)
 {
+    static const uint32_t masks[] = {
+        [SBX_WATCH_CONTENT] = SBX_WATCH_FILE,
+        [SBX_WATCH_ENTRIES] = SBX_WATCH_DIR,
+        [SBX_WATCH_SELF] = SBX_WATCH_ITSELF,
+    };
     struct statfs sf;
     int wd;
 
-    wd = inotify_add_watch(fd, path, dir ? SBX_WATCH_DIR : SBX_WATCH_FILE);
+    if (what < SBX_WATCH_CONTENT || what > SBX_WATCH_SELF)
+        return -EINVAL;
+    wd = inotify_add_watch(fd, path, masks[what]);
     if (wd < 0)
         return -errno;
     /* After the watch: a mount made over the path meanwhile is seen as a
@@ -139,4 +150,14 @@ int sbx_watch_changed(int fd, const char *const *skip, size_t n_skip, int *wds, 
             off += sizeof(struct inotify_event) + ev->len;
         }
     }
+}
+
+int sbx_mounts_changed(int fd)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLPRI, .revents = 0};
+    int n = poll(&pfd, 1, 0);
+
+    if (n < 0)
+        return -errno;
+    return n > 0 && (pfd.revents & (POLLPRI | POLLERR)) ? 1 : 0;
 }

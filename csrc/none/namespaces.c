@@ -19,6 +19,18 @@ int sbx_ns_dev_template(void)
     return -1;
 }
 
+int sbx_ns_view_ns(const struct sbx_view *view, size_t n_view, int view_ro_root, int dev_fd,
+                   unsigned char *missing, struct stat *root)
+{
+    (void)root;
+    (void)view;
+    (void)n_view;
+    (void)view_ro_root;
+    (void)dev_fd;
+    (void)missing;
+    return -ENOSYS;
+}
+
 int sbx_ns_make(int kind)
 {
     (void)kind;

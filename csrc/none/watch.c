@@ -9,11 +9,17 @@ int sbx_watch_open(void)
     return -ENOSYS;
 }
 
-int sbx_watch_add(int fd, const char *path, int dir)
+int sbx_watch_add(int fd, const char *path, int what)
 {
     (void)fd;
     (void)path;
-    (void)dir;
+    (void)what;
+    return -ENOSYS;
+}
+
+int sbx_mounts_changed(int fd)
+{
+    (void)fd;
     return -ENOSYS;
 }
 
