@@ -40,7 +40,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _core, _namespaces, _workspace, audit
+from . import _core, _namespaces, _viewns, _workspace, audit
 from ._cgpool import Pool
 from ._cgroup import read_quiet
 from ._evidence import KillRecord, Samples
@@ -906,6 +906,13 @@ class Monitor:
             self._owed = True
         return path
 
+    def keep_views(self) -> None:
+        """A spawn copied a view kept for the next (_viewns): the thread
+        lets it go once unused for _viewns.IDLE; wake it at settle() if it
+        would not look before."""
+        if self._sleeps_long():
+            self._owed = True
+
     def take_ns(self, kind: int) -> int:
         """A namespace of `kind` (CLONE_NEWNET, CLONE_NEWIPC) made ahead of
         need (see _nspool), or -1."""
@@ -1035,9 +1042,9 @@ class Monitor:
     def drain(self, timeout: float, *, close: bool = False) -> bool:
         """Remove the cgroups made ahead of need (`close`: make no more), and
         wait until every retired cgroup is removed; True if none is left.
-        The Landlock rulesets, the protected paths' listings and the /dev
-        template kept for the next spawn go too, and the mount namespaces
-        released so far."""
+        The Landlock rulesets, the protected paths' listings, the /dev
+        template and the views' namespaces kept for the next spawn go too,
+        and the mount namespaces released so far."""
         from ._devtree import drop as drop_dev_template
         from ._landlock import drop_rulesets
         from ._namespaces import flush_mounts
@@ -1045,6 +1052,7 @@ class Monitor:
 
         drop_rulesets()
         drop_dev_template()
+        _viewns.drop()
         drop_listings()
         flush_mounts(timeout)
         self._pool.drain(close=close)
@@ -1197,6 +1205,9 @@ class Monitor:
             ws_due = now if self._wspool.wanted() else self._wspool.next_expiry()
             if ws_due is not None:
                 due = min(due, ws_due)
+            views_due = _viewns.next_expiry()
+            if views_due is not None:
+                due = min(due, views_due)
             if pool_due is not None:
                 due = min(due, pool_due)
             for when in ns_due:
@@ -1255,6 +1266,8 @@ class Monitor:
                 ns.work(now)
         if ws_due is not None and ws_due <= now:
             self._wspool.work(now)
+        if views_due is not None and views_due <= now:
+            _viewns.expire(now)
 
     def close_in_child(self) -> None:
         """After os.fork() (or a preexec_fn fork): the thread is gone;

@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 
-from . import _core, _devtree, _landlock, _platform, _seccomp, _watchdog, _workspace
+from . import _core, _devtree, _landlock, _platform, _seccomp, _viewns, _watchdog, _workspace
 from ._cgroup import fd_budget
 from ._cgroupfs import mount_table
 from ._errors import ConfigError
@@ -796,6 +796,7 @@ class Spawn:
         "dev_fd",
         "status_r",
         "status_w",
+        "view_ns",
     )
 
     def __init__(
@@ -808,6 +809,7 @@ class Spawn:
         shm_size: int | None = None,
         protected: Iterable[str] = (),
         made: Mapping[int, int] = _NONE_MADE,
+        cwd: str | bytes | None = None,
     ) -> None:
         flags = plan.ns_flags | (CLONE_NEWUSER if plan.user_ns else 0)
         netns, ipcns = made.get(CLONE_NEWNET, -1), made.get(CLONE_NEWIPC, -1)
@@ -851,6 +853,19 @@ class Spawn:
         # A /dev made once, cloned by the child (root: _devtree); released
         # by close().
         self.dev_fd = _devtree.take() if own_dev and not plan.user_ns else -1
+        # The whole view made once, joined and copied by the child (root:
+        # _viewns); `entries` then holds only what is this sandbox's own.
+        # A joined namespace starts the child at its root: only with a cwd
+        # it then goes to by its full path.
+        self.view_ns = -1
+        if (
+            (entries or ro_root)
+            and not plan.user_ns
+            and (self.dev_fd >= 0 or not own_dev)
+            and cwd is not None
+            and os.path.isabs(cwd)
+        ):
+            entries = self._copy_view(entries, ro_root, own_dev, workspace)
         # Landlock skips the directory a mount hides: each tmpfs gets a rule
         # of its own in the child, with the rights the workspace has.  Under
         # a writable "/" the rule for "/" holds beneath them already (the
@@ -882,7 +897,37 @@ class Spawn:
             ipcns,
             plan.proxy_port,
             self.dev_fd,
+            self.view_ns,
         )
+
+    def _copy_view(
+        self, entries: View, ro_root: bool, own_dev: bool, workspace: str | None
+    ) -> View:
+        # Each sandbox's own: its workspace, its private tmpfs, a link's
+        # target bound over the link (resolved at every spawn).
+        mine = os.fsencode(_workspace.real_path(workspace)) if workspace is not None else None
+        shared = [
+            i
+            for i, (kind, path, data) in enumerate(entries)
+            if kind != _core.VIEW_TMPFS
+            and not (kind == _core.VIEW_RO and data)
+            and not (kind in (_core.VIEW_RW, _core.VIEW_RW_DEV) and path == mine)
+        ]
+
+        def watched() -> list[bool]:
+            kernel = {os.fsencode(p) for p in _kernel_mounts()}
+            return [
+                not (entries[i][0] == _core.VIEW_RO and entries[i][1] in kernel) for i in shared
+            ]
+
+        got = _viewns.take(
+            [entries[i] for i in shared], ro_root, self.dev_fd if own_dev else -1, watched
+        )
+        if got is None:
+            return entries
+        self.view_ns, missing = got
+        made = {shared[j] for j in range(len(shared)) if j not in missing}
+        return [e for i, e in enumerate(entries) if i not in made]
 
     def take_child_end(self) -> int:
         """The child's end, for the core to close after the spawn."""
@@ -924,6 +969,9 @@ class Spawn:
         if self.dev_fd >= 0:
             self.dev_fd = -1
             _devtree.release()
+        if self.view_ns >= 0:
+            fd, self.view_ns = self.view_ns, -1
+            _viewns.release(fd)
 
 
 def _receive(sock: socket.socket) -> int | None:

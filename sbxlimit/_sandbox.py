@@ -434,8 +434,18 @@ class Sandbox:
                             if fd >= 0:
                                 close_after.append(fd)  # the child joined it: ours to close
                 ns = _namespaces.Spawn(
-                    p, self.policy, self.workspace, uid, gid, memory, self.protected, made
+                    p,
+                    self.policy,
+                    self.workspace,
+                    uid,
+                    gid,
+                    memory,
+                    self.protected,
+                    made,
+                    cwd=None if cwd is None else os.fspath(cwd),
                 )
+                if ns.view_ns >= 0:
+                    get_monitor().keep_views()
 
             pgid = process_group
             die = self.die_with_parent
