@@ -45,6 +45,47 @@ def why_not(check: str) -> str:
     return f"doctor: {c.name} {c.status}: {c.reason}"
 
 
+@functools.cache
+def view_copy_error() -> str | None:
+    """Why sandboxes here do not copy a view made once (_viewns), or None:
+    a skip reason naming doctor's mount_namespace row where that is why."""
+    if not sys.platform.startswith("linux"):
+        return "the view made once is Linux's"
+    import sbxlimit
+    from sbxlimit import _viewns
+
+    c = report().check("mount_namespace")
+    if c.status != "ok" or os.geteuid() != 0:
+        return (
+            f"the view made once is root's (doctor: {c.name} {c.status}: {c.reason}; "
+            f"uid {os.geteuid()})"
+        )
+    _viewns.drop()
+    sbxlimit.run(["true"], policy=sbxlimit.Policy(workdir="/"))
+    kept = bool(_viewns._kept)
+    _viewns.drop()
+    return None if kept else "the view made once was refused here (a /dev template, a watch)"
+
+
+@pytest.fixture(params=["copied", "built"])
+def view_made(request, monkeypatch):
+    """The view copied from one made once (_viewns, root), or built by the
+    child, as unprivileged or where it cannot be kept."""
+    from sbxlimit import _viewns
+
+    if request.param == "built":
+        monkeypatch.setattr(_viewns, "take", lambda *a: None)
+        yield request.param
+        return
+    copied = []
+    real = _viewns.take
+    monkeypatch.setattr(_viewns, "take", lambda *a: copied.append(real(*a)) or copied[-1])
+    yield request.param
+    # As root the view was copied at least once (else both ways are one).
+    if view_copy_error() is None:
+        assert any(got is not None for got in copied), copied
+
+
 def holds(field: str) -> str:
     """A skip reason from doctor()'s summary: what holds `field` here."""
     return f"doctor: {field} is held by {report().summary.get(field)!r} here"
@@ -210,8 +251,9 @@ def own_fds() -> set[str]:
     and the join files and event fds of the cgroups it makes ahead
     (_cgpool, Cgroup.arm); and what is kept for the next spawn: the
     Landlock rulesets (_landlock.ruleset), the protected paths' watches
-    (_protected._Listings); and the mount namespaces of sandboxes just
-    reaped, which a thread of their own lets go (_namespaces.hold_mounts).
+    (_protected._Listings), the views' namespaces, their watches and the
+    mount table they poll (_viewns); and the mount namespaces of sandboxes
+    just reaped, which a thread of their own lets go (_namespaces.hold_mounts).
     The session's check drains them first and counts everything."""
     return {str(fd) for fd, target in _fds().items() if not _supervisors(target)}
 
@@ -220,6 +262,7 @@ def _supervisors(target: str) -> bool:
     return (
         target.startswith(("net:[", "ipc:[", "mnt:["))
         or target in ("anon_inode:[eventfd]", "anon_inode:[landlock-ruleset]", "anon_inode:inotify")
+        or target == f"/proc/{os.getpid()}/mountinfo"
         or (target.startswith("/sys/fs/cgroup/") and "/sbx-" in target)
     )
 

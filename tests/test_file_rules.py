@@ -81,7 +81,7 @@ def home(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(GIT is None, reason="git is not installed")
-def test_a_writable_home_is_writable_and_its_dotfiles_and_repositories_are_not(home):
+def test_a_writable_home_is_writable_and_its_dotfiles_and_repositories_are_not(home, view_made):
     protected = {
         p: state(home / p) | {"": os.stat(home / p).st_mode}
         for p in (".ssh", "proj/.git/hooks", "a/b/deep/.git/hooks")

@@ -29,6 +29,7 @@ from .conftest import (
     settled_fds,
     settled_temp,
     tagged_sleep,
+    view_copy_error,
     wait_no_sleepers,
 )
 
@@ -387,6 +388,161 @@ def test_the_dev_template_outlives_a_drop_while_a_spawn_uses_it():
     again = _devtree.take()  # a new one
     assert again >= 0 and "null" in os.listdir(f"/proc/self/fd/{again}")
     _devtree.release()
+
+
+def _kept_views() -> list[int]:
+    from sbxlimit import _viewns
+
+    return [kept.fd for kept in _viewns._kept.values()]
+
+
+needs_view_ns = pytest.mark.skipif(
+    LINUX and view_copy_error() is not None, reason=str(LINUX and view_copy_error())
+)
+
+
+def _sandbox_home(tmp_path, monkeypatch):
+    """A HOME in a writable root, with a ~/.bashrc and a repository."""
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    (home / ".bashrc").write_text("old\n")
+    subprocess.run(["git", "init", "-q", str(home / "proj")], check=True)
+    monkeypatch.setenv("HOME", str(home))
+    return home, Policy(workdir=str(home))
+
+
+def _in(policy: Policy, script: str) -> str:
+    r = sbxlimit.run(["sh", "-c", script], policy=policy, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@needs_view_ns
+def test_a_view_is_made_once_and_each_sandbox_runs_in_a_copy(tmp_path, monkeypatch):
+    from sbxlimit import _viewns
+
+    _home, policy = _sandbox_home(tmp_path, monkeypatch)
+    made = []
+    real = _core.view_ns
+    monkeypatch.setattr(_core, "view_ns", lambda *a: made.append(1) or real(*a))
+    _viewns.drop()
+    script = "readlink /proc/self/ns/mnt; ls -l /proc/self/fd; sleep 1"
+    live = [
+        sbxlimit.Popen(["sh", "-c", script], policy=policy, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    seen = [p.communicate(timeout=30)[0] for p in live]
+    assert len(made) == 1, made
+    kept = {os.readlink(f"/proc/self/fd/{fd}") for fd in _kept_views()}
+    assert len(kept) == 1
+    namespaces = {out.split("\n", 1)[0] for out in seen}
+    # Three sandboxes at once, three copies; none runs in the namespace
+    # kept, nor holds a namespace's fd.
+    assert len(namespaces) == 3 and not namespaces & kept, (namespaces, kept)
+    assert not any("mnt:[" in out.split("\n", 1)[1] for out in seen), seen
+
+
+@needs_view_ns
+def test_a_protected_file_replaced_between_spawns_is_the_new_one_and_read_only(
+    tmp_path, monkeypatch
+):
+    # A bind holds the file it was made on: the kept view must go when an
+    # editor replaces ~/.bashrc (a new file renamed over it), or the next
+    # sandbox would read the old one, while the new one is unprotected.
+    home, policy = _sandbox_home(tmp_path, monkeypatch)
+    rc = home / ".bashrc"
+    assert _in(policy, f"cat {rc}") == "old\n"
+    (home / "new").write_text("new\n")
+    os.replace(home / "new", rc)
+    out = _in(policy, f"cat {rc}; (echo evil >> {rc}) 2>/dev/null && echo written || echo refused")
+    assert out.splitlines() == ["new", "refused"], out
+    assert rc.read_text() == "new\n"
+
+
+@needs_view_ns
+def test_a_repository_replaced_between_spawns_is_the_new_one_and_protected(tmp_path, monkeypatch):
+    # The directories on the way to a protected path are pinned in the
+    # kept view: a repository cloned anew (removed, made again) must not
+    # leave the next sandbox looking at the removed one.
+    import shutil
+
+    home, policy = _sandbox_home(tmp_path, monkeypatch)
+    proj = home / "proj"
+    assert _in(policy, f"ls -A {proj}") == ".git\n"
+    shutil.rmtree(proj)
+    proj.mkdir()
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    (proj / "code.py").write_text("print(1)\n")
+    hook = proj / ".git" / "hooks" / "pre-commit"
+    out = _in(
+        policy, f"ls -A {proj}; (echo evil > {hook}) 2>/dev/null && echo written || echo refused"
+    )
+    assert out.splitlines() == [".git", "code.py", "refused"], out
+    assert not hook.exists()
+
+
+@needs_view_ns
+def test_a_mount_made_between_spawns_is_seen_by_the_next(tmp_path, monkeypatch):
+    # The kept view copies the mount table it was made from: a volume
+    # mounted since must reach the next sandbox as it would without it.
+    home, policy = _sandbox_home(tmp_path, monkeypatch)
+    vol = home / "vol"
+    vol.mkdir()
+    assert _in(policy, f"ls -A {vol}") == ""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(vol)], check=True)
+    try:
+        (vol / "data").write_text("x")
+        assert _in(policy, f"ls -A {vol}") == "data\n"
+    finally:
+        subprocess.run(["umount", str(vol)], check=True)
+
+
+@needs_view_ns
+def test_kept_views_go_once_unused(tmp_path, monkeypatch):
+    # A kept view holds a copy of every host mount: a filesystem the host
+    # unmounts would stay busy for as long as the process lives.
+    from sbxlimit import _viewns
+
+    _home, policy = _sandbox_home(tmp_path, monkeypatch)
+    monkeypatch.setattr(_viewns, "IDLE", 0.3)
+    _in(policy, "true")
+    assert _kept_views()
+    deadline = time.monotonic() + 10
+    while _kept_views() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _kept_views()
+    assert _viewns._mounts_fd == _viewns._watch_fd == -1
+
+
+@needs_view_ns
+def test_a_forked_child_does_not_keep_the_views_namespaces(tmp_path, monkeypatch):
+    from sbxlimit import _viewns
+
+    _home, policy = _sandbox_home(tmp_path, monkeypatch)
+    _viewns.drop()
+    _in(policy, "true")
+    fds = [*_kept_views(), _viewns._watch_fd, _viewns._mounts_fd]
+    assert len(fds) == 3 and min(fds) >= 0
+    assert kept_in_a_fork(fds) == {}
+
+
+@needs_view_ns
+def test_a_kept_view_outlives_a_drop_while_a_spawn_uses_it(tmp_path, monkeypatch):
+    from sbxlimit import _viewns
+
+    _home, policy = _sandbox_home(tmp_path, monkeypatch)
+    _viewns.drop()
+    _in(policy, "true")
+    ((key, kept),) = _viewns._kept.items()
+    got = _viewns.take(key[0], key[1], -1, lambda: [])
+    assert got is not None and got[0] == kept.fd
+    ident = os.readlink(f"/proc/self/fd/{kept.fd}")
+    _viewns.drop()
+    assert os.readlink(f"/proc/self/fd/{kept.fd}") == ident  # not closed under a spawn
+    _viewns.release(kept.fd)
+    assert not os.path.exists(f"/proc/self/fd/{kept.fd}") or (
+        os.readlink(f"/proc/self/fd/{kept.fd}") != ident
+    )
 
 
 @needs_tcp_rules
