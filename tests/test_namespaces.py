@@ -507,11 +507,15 @@ def test_kept_views_go_once_unused(tmp_path, monkeypatch):
     monkeypatch.setattr(_viewns, "IDLE", 0.3)
     _in(policy, "true")
     assert _kept_views()
+
+    def kept() -> list[int]:  # read while the supervisor thread lets them go
+        with _viewns._lock:
+            return [*_kept_views(), _viewns._mounts_fd, _viewns._watch_fd]
+
     deadline = time.monotonic() + 10
-    while _kept_views() and time.monotonic() < deadline:
+    while kept() != [-1, -1] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _kept_views()
-    assert _viewns._mounts_fd == _viewns._watch_fd == -1
+    assert kept() == [-1, -1]
 
 
 @needs_view_ns
