@@ -799,26 +799,44 @@ done:
     return out;
 }
 
-PyDoc_STRVAR(mounts_changed_doc,
-             "mounts_changed(fd, /) -> bool\n"
+PyDoc_STRVAR(views_stale_doc,
+             "views_stale(mounts_fd, watch_fd, root, mount_ns, /) -> bool\n"
              "--\n\n"
-             "Whether the mount table that fd (an open /proc/self/mountinfo) shows\n"
-             "changed since it was opened or last asked.");
+             "Whether the views kept (_viewns) may no longer be this thread's: the\n"
+             "mount table mounts_fd (an open /proc/self/mountinfo) shows changed,\n"
+             "an event is queued on the inotify fd watch_fd (drained), or \"/\" or\n"
+             "the mount namespace is no longer the (st_dev, st_ino) given.  No wait,\n"
+             "and the GIL is kept: a few system calls.");
 
-static PyObject *core_mounts_changed(PyObject *self, PyObject *arg)
+static int same_file(const char *path, PyObject *ident)
 {
-    long fd = PyLong_AsLong(arg);
-    int r;
+    unsigned long long dev, ino;
+    struct stat st;
+
+    if (!PyArg_ParseTuple(ident, "KK", &dev, &ino))
+        return -1;
+    return stat(path, &st) == 0 && (unsigned long long)st.st_dev == dev &&
+           (unsigned long long)st.st_ino == ino;
+}
+
+static PyObject *core_views_stale(PyObject *self, PyObject *args)
+{
+    PyObject *root, *mount_ns;
+    int mounts_fd, watch_fd, wds[1], same;
+    size_t n = 0;
 
     (void)self;
-    if (fd == -1 && PyErr_Occurred())
+    if (!PyArg_ParseTuple(args, "iiOO:views_stale", &mounts_fd, &watch_fd, &root, &mount_ns))
         return NULL;
-    r = sbx_mounts_changed((int)fd); /* poll with no wait: the GIL is kept */
-    if (r < 0) {
-        errno = -r;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return PyBool_FromLong(r);
+    if (sbx_mounts_changed(mounts_fd) != 0 ||
+        sbx_watch_changed(watch_fd, NULL, 0, wds, 1, &n) < 0 || n > 0)
+        Py_RETURN_TRUE;
+    same = same_file("/", root);
+    if (same > 0)
+        same = same_file("/proc/thread-self/ns/mnt", mount_ns);
+    if (same < 0)
+        return NULL;
+    return PyBool_FromLong(!same);
 }
 
 PyDoc_STRVAR(tree_signal_doc, "tree_signal(pid, sig, pgid) -> int\n"
@@ -1467,7 +1485,7 @@ static PyMethodDef core_methods[] = {
     {"ns_make", core_ns_make, METH_O, ns_make_doc},
     {"dev_template", core_dev_template, METH_NOARGS, dev_template_doc},
     {"view_ns", core_view_ns, METH_VARARGS, view_ns_doc},
-    {"mounts_changed", core_mounts_changed, METH_O, mounts_changed_doc},
+    {"views_stale", core_views_stale, METH_VARARGS, views_stale_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
 #ifdef __APPLE__
     {"seatbelt_apply", core_seatbelt_apply, METH_O, seatbelt_apply_doc},

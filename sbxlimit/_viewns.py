@@ -16,8 +16,11 @@ A bind holds the file it was made on, not its path: a protected file
 replaced by a rename, or a directory on the way moved, would stay in the
 copy as it was.  So every path the namespace binds is watched (inotify:
 removed, moved, its links or attributes changed), and the host's mount
-table too (a ``poll`` on /proc/self/mountinfo); at any change, every kept
-namespace is dropped and the next spawn makes its own anew.  Where a path
+table too (a ``poll`` on /proc/self/mountinfo), and the caller's "/" and
+mount namespace (a ``chroot`` or an ``unshare`` since: a joined namespace
+starts at its own root, and would show what the caller no longer sees);
+at any change, every kept namespace is dropped and the next spawn makes
+its own anew (``_core.views_stale``: one call at each spawn).  Where a path
 cannot be watched (a network filesystem, the watch limit), or the caller
 is chrooted (a joined namespace starts at its own root), the child makes
 its view itself, as it does unprivileged (an unprivileged sandbox's mounts
@@ -67,6 +70,9 @@ _watch_fd = -1  # one inotify fd for every kept namespace's paths
 _mounts_fd = -1  # /proc/self/mountinfo, polled for a change of the mount table
 _broken = False  # the kernel refused, or the caller is chrooted: no more here
 _used = 0.0  # monotonic time of the last take
+# (st_dev, st_ino) of the caller's "/" and mount namespace when they were
+# made: a chroot or an unshare since, and a joined namespace is not ours.
+_root = _mount_ns = (0, 0)
 
 
 def take(
@@ -137,7 +143,7 @@ def _drop_everything() -> None:
 
 
 def _make(key: _Key, dev_fd: int, which: Callable[[], Sequence[bool]]) -> _Kept | None:
-    global _broken, _watch_fd, _mounts_fd
+    global _broken, _watch_fd, _mounts_fd, _root, _mount_ns
     entries, ro_root = key
     watched = which()
     try:
@@ -157,6 +163,10 @@ def _make(key: _Key, dev_fd: int, which: Callable[[], Sequence[bool]]) -> _Kept 
         _broken = True
         return None
     st = os.stat("/")
+    ns = os.stat("/proc/thread-self/ns/mnt")
+    if _kept and ((st.st_dev, st.st_ino), (ns.st_dev, ns.st_ino)) != (_root, _mount_ns):
+        _drop_all()  # (views_stale at the take saw no change: a race; start over)
+    _root, _mount_ns = (st.st_dev, st.st_ino), (ns.st_dev, ns.st_ino)
     unwatched = [
         e[1]
         for i, (e, w) in enumerate(zip(entries, watched, strict=True))
@@ -180,7 +190,7 @@ def _drop_if_changed() -> None:
     if not _kept:
         return
     try:
-        changed = _core.mounts_changed(_mounts_fd) or bool(_core.watch_changed(_watch_fd, ()))
+        changed = _core.views_stale(_mounts_fd, _watch_fd, _root, _mount_ns)
     except OSError:
         changed = True
     if changed:
