@@ -497,6 +497,73 @@ def test_a_mount_made_between_spawns_is_seen_by_the_next(tmp_path, monkeypatch):
         subprocess.run(["umount", str(vol)], check=True)
 
 
+# A caller that leaves, after a first sandbox, the mount namespace or the
+# root its kept view was made from: its next sandbox must see what the
+# caller sees now, not the view kept from before.  ctypes: os.unshare is
+# Python 3.12's.
+_CALLER = """
+import ctypes, os, sys, sbxlimit
+from sbxlimit import Policy
+libc = ctypes.CDLL(None, use_errno=True)
+def check(r):
+    if r != 0:
+        raise OSError(ctypes.get_errno(), "libc")
+base, how = sys.argv[1], sys.argv[2]
+def look():
+    r = sbxlimit.run(["sh", "-c", "ls -A /tmp/sbx-caller-probe"], policy=Policy(workdir="/"),
+                     capture_output=True, text=True)
+    return r.stdout.split()
+check(libc.unshare(0x00020000))  # CLONE_NEWNS: our own, private
+check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None))  # MS_REC | MS_PRIVATE
+# A root that holds what the sandbox needs, and no /tmp/sbx-caller-probe; a
+# mount point, as a container's is.  Made before the first sandbox: the
+# mount table does not change after it.
+new_root = os.path.join(base, "root")
+os.makedirs(os.path.join(new_root, "tmp", "sbx-caller-probe"))
+check(libc.mount(new_root.encode(), new_root.encode(), None, 0x1000, None))
+here = os.path.dirname(os.path.dirname(sbxlimit.__file__))  # the package's tree
+for d in ("usr", "bin", "lib", "lib64", "etc", "dev", "proc", "sys", sys.prefix, here):
+    src, dst = "/" + d.strip("/"), os.path.join(new_root, d.strip("/"))
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+    elif os.path.isdir(src):
+        os.makedirs(dst, exist_ok=True)
+        check(libc.mount(src.encode(), dst.encode(), None, 0x1000 | 0x4000, None))
+first = look()
+if how == "unshare":
+    check(libc.unshare(0x00020000))
+    check(libc.mount(b"tmpfs", b"/tmp/sbx-caller-probe", b"tmpfs", 0, None))
+    open("/tmp/sbx-caller-probe/mounted", "w").close()
+else:
+    os.chroot(new_root)
+    os.chdir("/")
+print(first, look())
+"""
+
+
+@needs_view_ns
+@pytest.mark.parametrize("how", ["unshare", "chroot"])
+def test_a_caller_that_left_the_view_s_namespace_or_root_is_not_given_it(tmp_path, how):
+    probe = "/tmp/sbx-caller-probe"
+    os.makedirs(probe, exist_ok=True)
+    open(f"{probe}/outside", "w").close()
+    try:
+        r = subprocess.run(
+            [PY, "-c", _CALLER, str(tmp_path), how],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.unlink(f"{probe}/outside")
+        os.rmdir(probe)
+    assert r.returncode == 0, r.stderr
+    # Seen from inside the caller's new namespace or root: its own mount,
+    # or an empty directory; never the view kept from before.
+    want = "['mounted']" if how == "unshare" else "[]"
+    assert r.stdout.strip() == f"['outside'] {want}", r.stdout
+
+
 @needs_view_ns
 def test_kept_views_go_once_unused(tmp_path, monkeypatch):
     # A kept view holds a copy of every host mount: a filesystem the host
