@@ -291,9 +291,7 @@ attempt("unlink", os.unlink, path)
 
 
 @needs_ro_view
-def test_files_outside_the_writable_roots_keep_contents_mode_owner_and_times(
-    victim_file, view_made
-):
+def test_files_outside_the_writable_roots_keep_contents_mode_owner_and_times(victim_file):
     before = snapshot(victim_file)
     got, r = attack_run(METADATA, victim_file)
     assert "ok" not in got.values(), got
