@@ -730,28 +730,29 @@ static PyObject *core_dev_template(PyObject *self, PyObject *unused)
     return PyLong_FromLong(fd);
 }
 
-PyDoc_STRVAR(view_ns_doc, "view_ns(view, view_ro_root, dev_fd, /)\n"
-                          "    -> tuple[int, tuple[int, ...], tuple[int, int]]\n"
-                          "--\n\n"
-                          "The read-only view made once, in a mount namespace of its own (an fd,\n"
-                          "close-on-exec) for children to join and copy: the ns tuple's\n"
-                          "view_ns_fd.  view: the entries (no private tmpfs); dev_fd: a\n"
-                          "dev_template() to clone onto /dev, or -1.  Returns the fd, the\n"
-                          "indexes of the entries that were not there, and (st_dev, st_ino) of\n"
-                          "the namespace's root, where a child that joins it starts.");
+PyDoc_STRVAR(view_ns_doc,
+             "view_ns(view, view_ro_root, dev_fd, /)\n"
+             "    -> tuple[int, tuple[int, ...], tuple[int, int, int], tuple[int, int, int]]\n"
+             "--\n\n"
+             "The read-only view made once, in a mount namespace of its own (an fd,\n"
+             "close-on-exec) for children to join and copy: the ns tuple's\n"
+             "view_ns_fd.  view: the entries (no private tmpfs); dev_fd: a\n"
+             "dev_template() to clone onto /dev, or -1.  Returns the fd, the\n"
+             "indexes of the entries that were not there, and what the caller's \"/\"\n"
+             "and mount namespace were (for views_stale).  OSError EXDEV: the\n"
+             "caller is chrooted (a child that joins starts at the namespace's root).");
 
 static PyObject *core_view_ns(PyObject *self, PyObject *args)
 {
     struct spec_storage st;
     PyObject *view, *out = NULL, *missing_out = NULL;
     unsigned char *missing = NULL;
-    struct stat root;
+    uint64_t root[3] = {0, 0, 0}, ns[3] = {0, 0, 0};
     size_t i, n = 0, k = 0;
     int ro_root, dev_fd, fd;
 
     (void)self;
     memset(&st, 0, sizeof st);
-    memset(&root, 0, sizeof root);
     if (!PyArg_ParseTuple(args, "Opi:view_ns", &view, &ro_root, &dev_fd))
         return NULL;
     st.keep = PyList_New(0);
@@ -763,7 +764,7 @@ static PyObject *core_view_ns(PyObject *self, PyObject *args)
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-        fd = sbx_ns_view_ns(st.view, n, ro_root, dev_fd, missing, &root);
+        fd = sbx_ns_view_ns(st.view, n, ro_root, dev_fd, missing, root, ns);
     Py_END_ALLOW_THREADS
     if (fd < 0) {
         errno = -fd;
@@ -788,8 +789,10 @@ static PyObject *core_view_ns(PyObject *self, PyObject *args)
         }
         PyTuple_SET_ITEM(missing_out, (Py_ssize_t)k++, x);
     }
-    out = Py_BuildValue("(iO(KK))", fd, missing_out, (unsigned long long)root.st_dev,
-                        (unsigned long long)root.st_ino);
+    out = Py_BuildValue("(iO(KKK)(KKK))", fd, missing_out, (unsigned long long)root[0],
+                        (unsigned long long)root[1], (unsigned long long)root[2],
+                        (unsigned long long)ns[0], (unsigned long long)ns[1],
+                        (unsigned long long)ns[2]);
     if (!out)
         close(fd);
 done:
@@ -803,40 +806,34 @@ PyDoc_STRVAR(views_stale_doc,
              "views_stale(mounts_fd, watch_fd, root, mount_ns, /) -> bool\n"
              "--\n\n"
              "Whether the views kept (_viewns) may no longer be this thread's: the\n"
-             "mount table mounts_fd (an open /proc/self/mountinfo) shows changed,\n"
-             "an event is queued on the inotify fd watch_fd (drained), or \"/\" or\n"
-             "the mount namespace is no longer the (st_dev, st_ino) given.  No wait,\n"
-             "and the GIL is kept: a few system calls.");
+             "mount table mounts_fd (an open /proc/thread-self/mountinfo) shows\n"
+             "changed, an event is queued on the inotify fd watch_fd (drained), or\n"
+             "\"/\" or the mount namespace is no longer what view_ns() said.  No\n"
+             "wait, and the GIL is kept: a few system calls.");
 
-static int same_file(const char *path, PyObject *ident)
+static int to_ident(PyObject *t, uint64_t ident[3])
 {
-    unsigned long long dev, ino;
-    struct stat st;
+    unsigned long long a, b, c;
 
-    if (!PyArg_ParseTuple(ident, "KK", &dev, &ino))
+    if (!PyArg_ParseTuple(t, "KKK", &a, &b, &c))
         return -1;
-    return stat(path, &st) == 0 && (unsigned long long)st.st_dev == dev &&
-           (unsigned long long)st.st_ino == ino;
+    ident[0] = a;
+    ident[1] = b;
+    ident[2] = c;
+    return 0;
 }
 
 static PyObject *core_views_stale(PyObject *self, PyObject *args)
 {
-    PyObject *root, *mount_ns;
-    int mounts_fd, watch_fd, wds[1], same;
-    size_t n = 0;
+    PyObject *root_t, *ns_t;
+    uint64_t root[3], ns[3];
+    int mounts_fd, watch_fd;
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "iiOO:views_stale", &mounts_fd, &watch_fd, &root, &mount_ns))
+    if (!PyArg_ParseTuple(args, "iiOO:views_stale", &mounts_fd, &watch_fd, &root_t, &ns_t) ||
+        to_ident(root_t, root) < 0 || to_ident(ns_t, ns) < 0)
         return NULL;
-    if (sbx_mounts_changed(mounts_fd) != 0 ||
-        sbx_watch_changed(watch_fd, NULL, 0, wds, 1, &n) < 0 || n > 0)
-        Py_RETURN_TRUE;
-    same = same_file("/", root);
-    if (same > 0)
-        same = same_file("/proc/thread-self/ns/mnt", mount_ns);
-    if (same < 0)
-        return NULL;
-    return PyBool_FromLong(!same);
+    return PyBool_FromLong(sbx_views_stale(mounts_fd, watch_fd, root, ns));
 }
 
 PyDoc_STRVAR(tree_signal_doc, "tree_signal(pid, sig, pgid) -> int\n"

@@ -294,12 +294,13 @@ int sbx_ns_dev_template(void);
  * sbx_ns_dev_template, or -1) cloned onto /dev, then the other entries in
  * order; no SBX_VIEW_TMPFS entry.  missing[i] is set to 1 for each entry
  * not there (skipped; the child makes it at its spawn if it is there by
- * then).  *root: the namespace's "/", where a child that joins it starts
- * (the caller's "/" unless the caller is chrooted).  Returns the
- * namespace's fd (close-on-exec), or -errno. */
-struct stat;
+ * then).  root, ns: what the caller's "/" and mount namespace were
+ * (sbx_path_ident), for sbx_views_stale.  Refused (-EXDEV) where the
+ * caller's "/" is not its namespace's root (chrooted): a child that joins
+ * the namespace starts at that root.  Returns the namespace's fd
+ * (close-on-exec), or -errno. */
 int sbx_ns_view_ns(const struct sbx_view *view, size_t n_view, int view_ro_root, int dev_fd,
-                   unsigned char *missing, struct stat *root);
+                   unsigned char *missing, uint64_t root[3], uint64_t ns[3]);
 
 /* ---- process trees (platform code: linux/proctree.c) ------------------ */
 
@@ -438,9 +439,21 @@ int sbx_watch_open(void);
 enum { SBX_WATCH_CONTENT = 0, SBX_WATCH_ENTRIES = 1, SBX_WATCH_SELF = 2 };
 int sbx_watch_add(int fd, const char *path, int what);
 
-/* 1 if the mount table that fd (an open /proc/self/mountinfo) shows has
- * changed since it was opened or last asked, else 0; -errno. */
+/* 1 if the mount table that fd (an open /proc/thread-self/mountinfo)
+ * shows has changed since it was opened or last asked, else 0; -errno. */
 int sbx_mounts_changed(int fd);
+
+/* What a file is: (device, inode, mount id) of path, links followed; the
+ * mount id 0 where the kernel or libc cannot say (before Linux 5.8).
+ * 0, or -errno. */
+int sbx_path_ident(const char *path, uint64_t ident[3]);
+
+/* Whether the views kept (sbx_ns_view_ns) may no longer be this thread's:
+ * the mount table mounts_fd shows changed, an event is queued on the
+ * inotify fd watch_fd (drained), or "/" or the mount namespace is no
+ * longer root, ns (sbx_path_ident).  1, or 0: no wait, a few system
+ * calls. */
+int sbx_views_stale(int mounts_fd, int watch_fd, const uint64_t root[3], const uint64_t ns[3]);
 
 /* Drain fd's queue into wds (cap entries, *n_wds filled): the distinct
  * watches on which an event that can change the search was queued (a

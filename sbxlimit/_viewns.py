@@ -70,9 +70,9 @@ _watch_fd = -1  # one inotify fd for every kept namespace's paths
 _mounts_fd = -1  # /proc/self/mountinfo, polled for a change of the mount table
 _broken = False  # the kernel refused, or the caller is chrooted: no more here
 _used = 0.0  # monotonic time of the last take
-# (st_dev, st_ino) of the caller's "/" and mount namespace when they were
-# made: a chroot or an unshare since, and a joined namespace is not ours.
-_root = _mount_ns = (0, 0)
+# What the caller's "/" and mount namespace were when they were made
+# (_core.view_ns): a chroot or an unshare since, and they are not its own.
+_root = _mount_ns = (0, 0, 0)
 
 
 def take(
@@ -147,43 +147,62 @@ def _make(key: _Key, dev_fd: int, which: Callable[[], Sequence[bool]]) -> _Kept 
     entries, ro_root = key
     watched = which()
     try:
-        if _mounts_fd < 0:
-            _mounts_fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        # This thread's mount table (/proc/self's is the main thread's), and
+        # from now on: views_stale, right before, saw no change until now.
+        fd = os.open("/proc/thread-self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        if _mounts_fd >= 0:
+            os.close(_mounts_fd)
+        _mounts_fd = fd
         if _watch_fd < 0:
             _watch_fd = _core.watch_open()
     except OSError:
         _broken = True
         return None
     # Watched before the namespace is made: a change from here on is seen.
+    # Each path, and every directory above it: a bind stays on the file it
+    # was made on when the host renames a directory on the way (a secret's
+    # directory swapped for a new one; a writable root's parent moved).
     paths = [e[1] for e, w in zip(entries, watched, strict=True) if w]
-    wds = dict(zip(paths, _core.watch_add(_watch_fd, paths, _core.WATCH_SELF), strict=True))
+    above = {a for p in paths for a in _ancestors(p)} - set(paths)
+    every = [*paths, *sorted(above)]
+    wds = dict(zip(every, _core.watch_add(_watch_fd, every, _core.WATCH_SELF), strict=True))
     try:
-        fd, missing, root = _core.view_ns(entries, ro_root, dev_fd)
+        fd, missing, root, mount_ns = _core.view_ns(entries, ro_root, dev_fd)
     except OSError:
+        # EXDEV: chrooted (a child that joins starts at the namespace's
+        # root); else the kernel refused.  Each child makes its view.
         _broken = True
         return None
-    st = os.stat("/")
-    ns = os.stat("/proc/thread-self/ns/mnt")
-    if _kept and ((st.st_dev, st.st_ino), (ns.st_dev, ns.st_ino)) != (_root, _mount_ns):
+    if _kept and (root, mount_ns) != (_root, _mount_ns):
         _drop_all()  # (views_stale at the take saw no change: a race; start over)
-    _root, _mount_ns = (st.st_dev, st.st_ino), (ns.st_dev, ns.st_ino)
+    _root, _mount_ns = root, mount_ns
     unwatched = [
-        e[1]
+        p
         for i, (e, w) in enumerate(zip(entries, watched, strict=True))
-        if w and i not in missing and wds[e[1]] < 0
+        if w and i not in missing
+        for p in (e[1], *_ancestors(e[1]))
+        if wds[p] < 0
     ]
-    if (st.st_dev, st.st_ino) != root or unwatched:
-        # Chrooted: a child that joins starts elsewhere.  A path bound but
-        # not watched (a network filesystem; one made between the watch and
-        # the bind): not kept.
+    if unwatched:
+        # A path bound but not watched: not kept.  A network filesystem, the
+        # watch limit: never; one made between the watch and the bind: the
+        # next spawn tries again.
         os.close(fd)
-        if (st.st_dev, st.st_ino) != root or any(wds[p] != -errno.ENOENT for p in unwatched):
+        if any(wds[p] != -errno.ENOENT for p in unwatched):
             _broken = True
         return None
     if len(_kept) >= _KEEP:
         _drop_all()
     kept = _kept[key] = _by_fd[fd] = _Kept(fd, frozenset(missing))
     return kept
+
+
+def _ancestors(path: bytes) -> list[bytes]:
+    out = []
+    while path != b"/":
+        path = os.path.dirname(path)
+        out.append(path)
+    return out
 
 
 def _drop_if_changed() -> None:
@@ -194,8 +213,8 @@ def _drop_if_changed() -> None:
     except OSError:
         changed = True
     if changed:
-        _drop_all()
-        _close_watches()  # the paths watched are those of the views dropped
+        # The mount table's fd too: it shows the namespace it was opened in.
+        _drop_everything()
 
 
 def _drop_all() -> None:

@@ -872,11 +872,40 @@ struct view_job {
     size_t n_view;
     int ro_root, dev_fd, fd, err;
     unsigned char *missing;
-    struct stat *root;
+    uint64_t *root, *ns;
 };
 
 /* view_entry's spec: no Landlock rule to add (no tmpfs is made here). */
 static const struct sbx_spec no_rules = {.landlock_fd = -1};
+
+/* The caller's "/" and namespace, and whether that "/" is the namespace's
+ * root: joined again (setns), this thread is at that root, and so is a
+ * child that joins a copy of it.  A chrooted caller's is elsewhere. */
+static int caller_is_at_root(struct view_job *job)
+{
+    uint64_t root[3];
+    int home, rc;
+
+    if ((rc = sbx_path_ident("/", job->root)) < 0 ||
+        (rc = sbx_path_ident("/proc/thread-self/ns/mnt", job->ns)) < 0) {
+        errno = -rc;
+        return -1;
+    }
+    if (unshare(CLONE_FS) < 0 ||
+        (home = open("/proc/thread-self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0)
+        return -1;
+    rc = setns(home, CLONE_NEWNS);
+    close_all(&home, 1);
+    if (rc < 0 || (rc = sbx_path_ident("/", root)) < 0) {
+        errno = rc < -1 ? -rc : errno;
+        return -1;
+    }
+    if (memcmp(root, job->root, sizeof root) != 0) {
+        errno = EXDEV;
+        return -1;
+    }
+    return 0;
+}
 
 static int make_view(struct view_job *job)
 {
@@ -885,6 +914,8 @@ static int make_view(struct view_job *job)
     int64_t index = -1;
     size_t i, n = 0;
 
+    if (caller_is_at_root(job) < 0)
+        return -1;
     /* Cloned here first: the kernel copies a detached tree only from the
      * namespace that made it. */
     if (job->dev_fd >= 0 && (dev = (int)syscall(SYS_open_tree, job->dev_fd, "",
@@ -930,23 +961,17 @@ static void *view_thread(void *arg)
 {
     struct view_job *job = arg;
 
-    /* This thread alone enters the namespace it makes, and ends there.
-     * Joined again, it is at the namespace's root: what a child that joins
-     * it will see as "/" (not the caller's "/" if the caller is chrooted). */
+    /* This thread alone enters the namespace it makes, and ends there. */
     if (make_view(job) < 0 ||
-        (job->fd = open("/proc/thread-self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0 ||
-        setns(job->fd, CLONE_NEWNS) < 0 || stat("/", job->root) < 0) {
+        (job->fd = open("/proc/thread-self/ns/mnt", O_RDONLY | O_CLOEXEC)) < 0)
         job->err = errno;
-        close_all(&job->fd, 1);
-        job->fd = -1;
-    }
     return NULL;
 }
 
 int sbx_ns_view_ns(const struct sbx_view *view, size_t n_view, int view_ro_root, int dev_fd,
-                   unsigned char *missing, struct stat *root)
+                   unsigned char *missing, uint64_t root[3], uint64_t ns[3])
 {
-    struct view_job job = {view, n_view, view_ro_root, dev_fd, -1, 0, missing, root};
+    struct view_job job = {view, n_view, view_ro_root, dev_fd, -1, 0, missing, root, ns};
     pthread_t t;
     int rc;
 

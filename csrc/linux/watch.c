@@ -7,9 +7,12 @@
 #define _GNU_SOURCE
 #endif
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/inotify.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -160,4 +163,47 @@ int sbx_mounts_changed(int fd)
     if (n < 0)
         return -errno;
     return n > 0 && (pfd.revents & (POLLPRI | POLLERR)) ? 1 : 0;
+}
+
+int sbx_path_ident(const char *path, uint64_t ident[3])
+{
+#ifdef STATX_MNT_ID
+    struct statx sx;
+
+    if (statx(AT_FDCWD, path, 0, STATX_INO | STATX_MNT_ID, &sx) < 0)
+        return -errno;
+    ident[0] = (uint64_t)makedev(sx.stx_dev_major, sx.stx_dev_minor);
+    ident[1] = sx.stx_ino;
+    ident[2] = (sx.stx_mask & STATX_MNT_ID) ? sx.stx_mnt_id : 0;
+#else
+    struct stat st;
+
+    if (stat(path, &st) < 0)
+        return -errno;
+    ident[0] = (uint64_t)st.st_dev;
+    ident[1] = (uint64_t)st.st_ino;
+    ident[2] = 0;
+#endif
+    return 0;
+}
+
+/* path is still what ident says. */
+static int same(const char *path, const uint64_t ident[3])
+{
+    uint64_t now[3];
+
+    return sbx_path_ident(path, now) == 0 && memcmp(now, ident, sizeof now) == 0;
+}
+
+int sbx_views_stale(int mounts_fd, int watch_fd, const uint64_t root[3], const uint64_t ns[3])
+{
+    int wds[1];
+    size_t n = 0;
+
+    if (sbx_mounts_changed(mounts_fd) != 0 ||
+        sbx_watch_changed(watch_fd, NULL, 0, wds, 1, &n) < 0 || n > 0)
+        return 1;
+    /* A chroot or an unshare since: the mount id tells a bind of "/"
+     * from "/" itself. */
+    return !same("/", root) || !same("/proc/thread-self/ns/mnt", ns);
 }

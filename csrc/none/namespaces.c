@@ -20,9 +20,10 @@ int sbx_ns_dev_template(void)
 }
 
 int sbx_ns_view_ns(const struct sbx_view *view, size_t n_view, int view_ro_root, int dev_fd,
-                   unsigned char *missing, struct stat *root)
+                   unsigned char *missing, uint64_t root[3], uint64_t ns[3])
 {
     (void)root;
+    (void)ns;
     (void)view;
     (void)n_view;
     (void)view_ro_root;
