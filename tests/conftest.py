@@ -263,7 +263,7 @@ def _supervisors(target: str) -> bool:
     return (
         target.startswith(("net:[", "ipc:[", "mnt:["))
         or target in ("anon_inode:[eventfd]", "anon_inode:[landlock-ruleset]", "anon_inode:inotify")
-        or target == f"/proc/{os.getpid()}/mountinfo"
+        or (target.startswith(f"/proc/{os.getpid()}/") and target.endswith("/mountinfo"))
         or (target.startswith("/sys/fs/cgroup/") and "/sbx-" in target)
     )
 

@@ -481,6 +481,51 @@ def test_a_repository_replaced_between_spawns_is_the_new_one_and_protected(tmp_p
     assert not hook.exists()
 
 
+def _view_alone(monkeypatch) -> None:
+    """The read-only view without Landlock on top (as on a kernel that
+    lacks it, the UML guest's): what the view holds, it holds alone."""
+    import warnings
+
+    monkeypatch.setattr(_core, "landlock_abi", lambda: -38)  # ENOSYS
+    warnings.filterwarnings("ignore", "sbxlimit: .* is not enforced here")
+
+
+@needs_view_ns
+def test_a_hidden_secret_whose_directory_the_host_swaps_stays_hidden(tmp_path, monkeypatch):
+    # deny_read's cover sits on the file it was made on: the kept view
+    # must go when the host swaps a directory above it for a new one (the
+    # secret itself sees no event), or the new secret is in the clear.
+    _view_alone(monkeypatch)
+    (tmp_path / "srv" / "secrets").mkdir(parents=True)
+    key = tmp_path / "srv" / "secrets" / "key"
+    key.write_text("first\n")
+    policy = Policy(deny_read=[str(key)])
+    assert _in(policy, f"cat {key} 2>/dev/null; true") == ""
+    os.rename(tmp_path / "srv" / "secrets", tmp_path / "srv" / "old")
+    (tmp_path / "srv" / "secrets").mkdir()
+    key.write_text("second\n")
+    assert _in(policy, f"cat {key} 2>/dev/null; true") == ""
+
+
+@needs_view_ns
+def test_a_writable_root_whose_parent_the_host_moves_is_the_new_one(tmp_path, monkeypatch):
+    # The host moves the parent of a writable root away and makes a new
+    # one: the next sandbox writes in the new one, not in the one moved.
+    _view_alone(monkeypatch)
+    home, _policy = _sandbox_home(tmp_path / "a", monkeypatch)
+    policy = Policy(writable_roots=[str(home)])
+    moved = tmp_path / "b" / "home"
+    probe = (
+        f"(echo x > {home}/g) 2>/dev/null && echo new; "
+        f"(echo x > {moved}/g) 2>/dev/null && echo moved; true"
+    )
+    assert _in(policy, "true") == ""
+    os.rename(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "a" / "home").mkdir(parents=True)
+    assert _in(policy, probe) == "new\n"
+    assert (home / "g").exists() and not (moved / "g").exists()
+
+
 @needs_view_ns
 def test_a_mount_made_between_spawns_is_seen_by_the_next(tmp_path, monkeypatch):
     # The kept view copies the mount table it was made from: a volume
@@ -529,20 +574,57 @@ for d in ("usr", "bin", "lib", "lib64", "etc", "dev", "proc", "sys", sys.prefix,
     elif os.path.isdir(src):
         os.makedirs(dst, exist_ok=True)
         check(libc.mount(src.encode(), dst.encode(), None, 0x1000 | 0x4000, None))
+if how == "chroot-bind-of-root":
+    # "/" itself bound (not its mounts): the same directory, another mount.
+    # A tmpfs over the probe that only the caller's "/" has.
+    check(libc.mount(b"tmpfs", b"/tmp/sbx-caller-probe", b"tmpfs", 0, None))
+    open("/tmp/sbx-caller-probe/mounted", "w").close()
+    new_root = os.path.join(base, "same")
+    os.makedirs(new_root)
+    check(libc.mount(b"/", new_root.encode(), None, 0x1000, None))
+    for d in ("proc", "dev", "sys", sys.prefix, here):
+        d = "/" + d.strip("/")
+        target = new_root + d
+        check(libc.mount(d.encode(), target.encode(), None, 0x1000 | 0x4000, None))
 first = look()
 if how == "unshare":
     check(libc.unshare(0x00020000))
     check(libc.mount(b"tmpfs", b"/tmp/sbx-caller-probe", b"tmpfs", 0, None))
     open("/tmp/sbx-caller-probe/mounted", "w").close()
+elif how == "unshare-spawn-mount":  # a view made in the new namespace, then a mount
+    check(libc.unshare(0x00020000))
+    look()
+    check(libc.mount(b"tmpfs", b"/tmp/sbx-caller-probe", b"tmpfs", 0, None))
+    open("/tmp/sbx-caller-probe/mounted", "w").close()
+elif how == "thread":  # a thread of its own namespace: its own mount table
+    import threading
+    got = []
+    def own():
+        check(libc.unshare(0x00020000 | 0x200))  # CLONE_NEWNS | CLONE_FS
+        look()
+        check(libc.mount(b"tmpfs", b"/tmp/sbx-caller-probe", b"tmpfs", 0, None))
+        open("/tmp/sbx-caller-probe/mounted", "w").close()
+        got.append(look())
+    t = threading.Thread(target=own)
+    t.start()
+    t.join()
+    print(first, got[0])
+    sys.exit(0)
 else:
     os.chroot(new_root)
     os.chdir("/")
+    if how == "chroot-bind-of-root":
+        # What the caller sees there now, in place of the fixed answer.
+        print(first, look(), sorted(os.listdir("/tmp/sbx-caller-probe")))
+        sys.exit(0)
 print(first, look())
 """
 
 
 @needs_view_ns
-@pytest.mark.parametrize("how", ["unshare", "chroot"])
+@pytest.mark.parametrize(
+    "how", ["unshare", "unshare-spawn-mount", "thread", "chroot", "chroot-bind-of-root"]
+)
 def test_a_caller_that_left_the_view_s_namespace_or_root_is_not_given_it(tmp_path, how):
     probe = "/tmp/sbx-caller-probe"
     os.makedirs(probe, exist_ok=True)
@@ -560,7 +642,12 @@ def test_a_caller_that_left_the_view_s_namespace_or_root_is_not_given_it(tmp_pat
     assert r.returncode == 0, r.stderr
     # Seen from inside the caller's new namespace or root: its own mount,
     # or an empty directory; never the view kept from before.
-    want = "['mounted']" if how == "unshare" else "[]"
+    if how == "chroot-bind-of-root":
+        # First the tmpfs; then, chrooted, what the caller sees: the same.
+        first, then, caller_sees = r.stdout.strip().split("] [")
+        assert first == "['mounted'" and f"[{then}]" == f"[{caller_sees}", r.stdout
+        return
+    want = "[]" if how == "chroot" else "['mounted']"
     assert r.stdout.strip() == f"['outside'] {want}", r.stdout
 
 
