@@ -14,9 +14,10 @@ copy, which it cannot change (no mount system call, no capability).
 
 A bind holds the file it was made on, not its path: a protected file
 replaced by a rename, or a directory on the way moved, would stay in the
-copy as it was.  So every path the namespace binds is watched (inotify:
-removed, moved, its links or attributes changed), and the host's mount
-table too (a ``poll`` on /proc/self/mountinfo), and the caller's "/" and
+copy as it was.  So every path the namespace binds, and every directory
+above it, is watched (inotify: removed, moved, its links or attributes
+changed), and the spawning thread's mount table too (a ``poll`` on
+/proc/thread-self/mountinfo), and the caller's "/" and
 mount namespace (a ``chroot`` or an ``unshare`` since: a joined namespace
 starts at its own root, and would show what the caller no longer sees);
 at any change, every kept namespace is dropped and the next spawn makes
