@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 
 from . import _core, _workspace
 from ._plan import Plan, Request
 from ._platform import CLONE_NEWNET, CLONE_NEWPID
 from ._policy import Policy
-from ._protected import within
+from ._protected import TTL, within
 
 __all__ = [
     "CONNECT_TCP",
@@ -128,6 +129,16 @@ def subtract(
     return sorted(out)
 
 
+# The paths granted to a policy that names nothing to deny, where nothing
+# is carved out (the view holds what is protected, or nothing is): kept
+# for as long as the paths' resolution elsewhere (_protected.TTL).  What a
+# policy denies by name is resolved at every spawn (a promise,
+# docs/SECURITY.md), and a carving walks directories whose entries may
+# have changed since (a sibling replaced by a link), so those never are.
+_Rules = tuple[int, list[tuple[str, int]]]
+_kept_paths: dict[tuple[object, ...], tuple[float, list[str], list[str]]] = {}
+
+
 def rules(
     policy: Policy,
     workspace: str | None,
@@ -136,7 +147,7 @@ def rules(
     *,
     view: bool = False,
     fresh: bool = False,
-) -> tuple[int, list[tuple[str, int]]]:
+) -> _Rules:
     """(handled rights, [(path, rights)]) for `policy`; `protected`: the
     paths protect_dotfiles names (``_protected.protected``).  With `view`
     the read-only view holds deny_write, deny_read and the protected paths
@@ -144,24 +155,51 @@ def rules(
     whole: carving would take from each directory on the way the right to
     get new entries (a new file in HOME, git's .git/index.lock).
     `fresh`: `workspace` was made for this sandbox (_workspace.real_path)."""
-    handled = handled_rights(abi)
+    protected = tuple(protected)
     writable = [workspace] if workspace and not fresh else []
-    writable += list(policy.writable_roots)
+    writable += policy.writable_roots
     made = [_workspace.real_path(workspace)] if workspace and fresh else []
+    if policy.deny_read or policy.deny_write or (protected and not view):
+        readable, granted = _paths(policy, writable, made, protected, view)
+        return handled_rights(abi), _merged(readable, granted, abi)
+    # Without a carving, a workspace made for this sandbox is one path more.
+    key = (policy, tuple(writable))
+    now = time.monotonic()
+    hit = _kept_paths.get(key)
+    if hit is None or now - hit[0] >= TTL:
+        hit = (now, *_paths(policy, writable, [], (), view))
+        if len(_kept_paths) > 64:
+            _kept_paths.clear()
+        _kept_paths[key] = hit
+    _t, readable, granted = hit
+    if made:
+        granted = sorted({*granted, *made})
+    return handled_rights(abi), _merged(readable, granted, abi)
+
+
+def _paths(
+    policy: Policy, writable: list[str], made: list[str], protected: tuple[str, ...], view: bool
+) -> tuple[list[str], list[str]]:
+    """(what may be read, what may be written), resolved and carved."""
     denied_writes = []
     if not view:
         named = [*policy.deny_write, *policy.deny_read, *protected]
         # What a link leads to, and the link itself (the program could
         # replace it with a file of its own).
         denied_writes = [_real(x) for x in named] + [x for x in named if os.path.islink(x)]
-    out = [(p, READ) for p in subtract(["/"], [_real(x) for x in policy.deny_read])]
-    out += [(p, writable_rights(abi)) for p in subtract(writable, denied_writes, made)]
+    readable = subtract(["/"], [_real(x) for x in policy.deny_read])
+    return readable, subtract(writable, denied_writes, made)
+
+
+def _merged(readable: list[str], granted: list[str], abi: int) -> list[tuple[str, int]]:
+    out = [(p, READ) for p in readable]
+    out += [(p, writable_rights(abi)) for p in granted]
     out += [(d, DEVICE) for d in DEVICES]
     # One rule a path: the kernel would merge them, after a lookup each.
     merged: dict[str, int] = {}
     for path, rights in out:
         merged[path] = merged.get(path, 0) | rights
-    return handled, list(merged.items())
+    return list(merged.items())
 
 
 # A ruleset fd can be applied by any number of children (each
@@ -226,7 +264,9 @@ def ruleset(handled: int, file_rules: list[tuple[str, int]], net: Net, *, reuse:
 
 
 def drop_rulesets() -> None:
-    """Close the rulesets kept (Monitor.drain: nothing kept is left)."""
+    """Close the rulesets kept and forget the rules (Monitor.drain:
+    nothing kept is left)."""
+    _kept_paths.clear()
     with _rulesets_lock:
         gone = [k_fd for k_fd, _i, _s in _rulesets.values()]
         _rulesets.clear()
@@ -244,6 +284,7 @@ def _forget_after_fork() -> None:
         except OSError:
             pass
     _rulesets.clear()
+    _kept_paths.clear()
 
 
 if hasattr(os, "register_at_fork"):

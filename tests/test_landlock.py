@@ -212,3 +212,39 @@ def test_a_fresh_workspace_s_rules_are_those_of_its_path(tmp_path, extra, view):
     abi = _core.landlock_abi()
     made = _landlock.rules(policy, str(ws), abi, view=view, fresh=True)
     assert made == _landlock.rules(policy, str(ws), abi, view=view)
+
+
+def test_kept_rules_never_hold_one_workspace_in_anothers():
+    # The rules of a policy without denials are kept (_landlock._kept_paths);
+    # a workspace made for one sandbox is added per call, never kept.
+    from sbxlimit import _landlock
+
+    abi = _core.landlock_abi()
+    policy = Policy()
+    first = dict(_landlock.rules(policy, "/tmp/sbxlimit-1-a", abi, view=True, fresh=True)[1])
+    second = dict(_landlock.rules(policy, "/tmp/sbxlimit-2-b", abi, view=True, fresh=True)[1])
+    assert "/tmp/sbxlimit-1-a" in first
+    assert "/tmp/sbxlimit-2-b" in second and "/tmp/sbxlimit-1-a" not in second
+
+
+@pytest.mark.parametrize("named", ["deny_write", "protected"])
+def test_a_carving_is_made_again_at_each_spawn(tmp_path, named):
+    # Carving lists a directory's entries: one that became a link since
+    # must not keep its rule (a rule follows the link).  So carved rules are
+    # never kept, whether the policy names the path or protect_dotfiles does.
+    from sbxlimit import _landlock
+
+    (tmp_path / "root/sub").mkdir(parents=True)
+    (tmp_path / "root/denied").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    root, denied = str(tmp_path / "root"), str(tmp_path / "root/denied")
+    kwargs = {"deny_write": [denied]} if named == "deny_write" else {}
+    protected = [denied] if named == "protected" else []
+    policy = Policy(writable_roots=[root], **kwargs)
+    abi = _core.landlock_abi()
+    before = dict(_landlock.rules(policy, None, abi, protected)[1])
+    assert str(tmp_path / "root/sub") in before
+    (tmp_path / "root/sub").rmdir()
+    (tmp_path / "root/sub").symlink_to(tmp_path / "elsewhere")
+    after = dict(_landlock.rules(policy, None, abi, protected)[1])
+    assert str(tmp_path / "root/sub") not in after
