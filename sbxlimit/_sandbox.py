@@ -68,6 +68,10 @@ def _new_id() -> str:
 
 DEFAULT_INTERVAL = 0.1
 NO_PLAN = Plan()  # a plain Popen: no limits, no policy
+# _find_protected's notes per (policy, plan, HOME), with the search they
+# came from: reused while _protected.protected() returns that same search
+# (plans are cached, so the same request gets the same Plan object).
+_notes_kept: dict[tuple[object, ...], tuple[Plan, object, dict[str, Enforcement]]] = {}
 
 
 def _readable(fd: int) -> bool:
@@ -284,6 +288,20 @@ class Sandbox:
         home = os.path.expanduser("~")
         found = _protected.protected(home, [*roots, *pol.writable_roots], darwin=p.seatbelt)
         self.protected = found.paths
+        # The notes of the same search for the same request: as they were.
+        key = (pol, id(p), home)
+        kept = _notes_kept.get(key)
+        if kept is not None and kept[0] is p and kept[1] is found:
+            self.notes = kept[2]
+            return
+        self.notes = self._protected_notes(found, home)
+        if len(_notes_kept) > 64:
+            _notes_kept.clear()
+        _notes_kept[key] = (p, found, self.notes)
+
+    def _protected_notes(self, found: _protected.Found, home: str) -> dict[str, Enforcement]:
+        p, pol = self.plan, self.policy
+        assert pol is not None
         notes = []
         if not found.complete:
             # The protection is bounded by definition (SPEC 3): say where
@@ -308,7 +326,8 @@ class Sandbox:
             notes.append(f"a link to a directory, so it can be replaced: {', '.join(links)}")
         held = p.held["protect_dotfiles"]
         if notes and isinstance(held, Held):
-            self.notes = {"protect_dotfiles": _noting(held, tuple(notes))}
+            return {"protect_dotfiles": _noting(held, tuple(notes))}
+        return {}
 
     def release_quota(self) -> None:
         admission, self.quota = self.quota, None

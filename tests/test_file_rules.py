@@ -324,6 +324,20 @@ def test_dotfiles_that_do_not_exist_yet_are_named(home):
     assert "not there" not in r.enforced["protect_dotfiles"]
 
 
+def test_a_dotfile_s_note_follows_a_new_search(home, monkeypatch):
+    # The notes are reused with the search they came from (the same
+    # request, the same search); a new search says what is there now.
+    from sbxlimit import _protected
+
+    policy = Policy(writable_roots=[str(home)])
+    first = sbxlimit.run(["true"], policy=policy).enforced["protect_dotfiles"]
+    assert "~/.zshrc" in first
+    (home / ".zshrc").write_text("# the user's own\n")
+    monkeypatch.setattr(_protected, "TTL", 0.0)  # each spawn searches again
+    second = sbxlimit.run(["true"], policy=policy).enforced["protect_dotfiles"]
+    assert "not there" in second and "~/.zshrc" not in second
+
+
 def test_enforced_names_the_view():
     r = sbxlimit.run(["true"], policy=Policy())
     label = "userns+mountns:ro-view" if VIEW and VIEW.user else "mountns:ro-view"
