@@ -784,6 +784,53 @@ if hasattr(os, "register_at_fork"):
 _NONE_MADE: Mapping[int, int] = {}
 
 
+class _Share:
+    """What of a view a kept namespace may hold (_viewns), and what each
+    sandbox then adds itself.  Kept per view list: a view reused from its
+    cache is the same list, and the same kept namespace answers the same
+    `missing`, so a spawn after the first walks neither."""
+
+    __slots__ = ("_own", "entries", "indexes", "mine", "view")
+
+    def __init__(self, view: View, mine: bytes | None) -> None:
+        self.view, self.mine = view, mine
+        # Each sandbox's own: its workspace, its private tmpfs, a link's
+        # target bound over the link (resolved at every spawn).
+        self.indexes = [
+            i
+            for i, (kind, path, data) in enumerate(view)
+            if kind != _core.VIEW_TMPFS
+            and not (kind == _core.VIEW_RO and data)
+            and not (kind in (_core.VIEW_RW, _core.VIEW_RW_DEV) and path == mine)
+        ]
+        self.entries = [view[i] for i in self.indexes]
+        self._own: tuple[frozenset[int], View] | None = None
+
+    def own(self, missing: frozenset[int]) -> View:
+        """The entries the child adds to the copy: those not shared, and
+        the shared ones the namespace lacked when it was made (`missing`)."""
+        got = self._own
+        if got is not None and got[0] is missing:
+            return got[1]
+        made = {self.indexes[j] for j in range(len(self.indexes)) if j not in missing}
+        out = [e for i, e in enumerate(self.view) if i not in made]
+        self._own = (missing, out)
+        return out
+
+
+_shares: dict[int, _Share] = {}
+
+
+def _share(view: View, mine: bytes | None) -> _Share:
+    share = _shares.get(id(view))
+    if share is None or share.view is not view or share.mine != mine:
+        share = _Share(view, mine)
+        if len(_shares) > 32:
+            _shares.clear()
+        _shares[id(view)] = share
+    return share
+
+
 class Spawn:
     """The ``ns`` tuple for ``_core.spawn``, and the socket the workspace's
     fd comes back on.  ``close()`` releases what the parent holds."""
@@ -903,17 +950,9 @@ class Spawn:
     def _copy_view(
         self, entries: View, ro_root: bool, own_dev: bool, workspace: str | None
     ) -> View:
-        # Each sandbox's own: its workspace, its private tmpfs, a link's
-        # target bound over the link (resolved at every spawn).
         mine = os.fsencode(_workspace.real_path(workspace)) if workspace is not None else None
-        shared = [
-            i
-            for i, (kind, path, data) in enumerate(entries)
-            if kind != _core.VIEW_TMPFS
-            and not (kind == _core.VIEW_RO and data)
-            and not (kind in (_core.VIEW_RW, _core.VIEW_RW_DEV) and path == mine)
-        ]
-        if not shared:
+        share = _share(entries, mine)
+        if not share.indexes:
             # Only "/" read-only and /dev to copy: the child makes those as
             # fast as it joins and copies them (measured: docs/performance.md).
             return entries
@@ -921,17 +960,15 @@ class Spawn:
         def watched() -> list[bool]:
             kernel = {os.fsencode(p) for p in _kernel_mounts()}
             return [
-                not (entries[i][0] == _core.VIEW_RO and entries[i][1] in kernel) for i in shared
+                not (entries[i][0] == _core.VIEW_RO and entries[i][1] in kernel)
+                for i in share.indexes
             ]
 
-        got = _viewns.take(
-            [entries[i] for i in shared], ro_root, self.dev_fd if own_dev else -1, watched
-        )
+        got = _viewns.take(share.entries, ro_root, self.dev_fd if own_dev else -1, watched)
         if got is None:
             return entries
         self.view_ns, missing = got
-        made = {shared[j] for j in range(len(shared)) if j not in missing}
-        return [e for i, e in enumerate(entries) if i not in made]
+        return share.own(missing)
 
     def take_child_end(self) -> int:
         """The child's end, for the core to close after the spawn."""

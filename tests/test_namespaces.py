@@ -651,6 +651,20 @@ def test_a_caller_that_left_the_view_s_namespace_or_root_is_not_given_it(tmp_pat
     assert r.stdout.strip() == f"['outside'] {want}", r.stdout
 
 
+def test_what_a_child_adds_to_a_kept_view_follows_what_its_namespace_lacks():
+    # What of a view is shared is worked out once per view (_Share); what
+    # each child adds depends on the kept namespace it joins: one made
+    # later may lack other entries (a path missing when it was made).
+    ro, tmpfs = _core.VIEW_RO, _core.VIEW_TMPFS
+    view = [(ro, b"/a", b""), (tmpfs, b"/tmp", b""), (ro, b"/b", b""), (ro, b"/c", b"")]
+    share = _namespaces._share(view, None)
+    assert share is _namespaces._share(view, None)
+    assert share.entries == [view[0], view[2], view[3]]
+    assert share.own(frozenset()) == [view[1]]
+    assert share.own(frozenset({1})) == [view[1], view[2]]
+    assert share.own(frozenset({0, 2})) == [view[0], view[1], view[3]]
+
+
 @needs_view_ns
 def test_kept_views_go_once_unused(tmp_path, monkeypatch):
     # A kept view holds a copy of every host mount: a filesystem the host
