@@ -136,7 +136,7 @@ def subtract(
 # docs/SECURITY.md), and a carving walks directories whose entries may
 # have changed since (a sibling replaced by a link), so those never are.
 _Rules = tuple[int, list[tuple[str, int]]]
-_kept_paths: dict[tuple[object, ...], tuple[float, list[str], list[str]]] = {}
+_kept_paths: dict[tuple[object, ...], tuple[float, list[tuple[str, int]]]] = {}
 
 
 def rules(
@@ -162,19 +162,20 @@ def rules(
     if policy.deny_read or policy.deny_write or (protected and not view):
         readable, granted = _paths(policy, writable, made, protected, view)
         return handled_rights(abi), _merged(readable, granted, abi)
-    # Without a carving, a workspace made for this sandbox is one path more.
-    key = (policy, tuple(writable))
+    # Without a carving, a workspace made for this sandbox is one rule more
+    # (its path is new: no other rule names it).
+    key = (policy, tuple(writable), abi)
     now = time.monotonic()
     hit = _kept_paths.get(key)
     if hit is None or now - hit[0] >= TTL:
-        hit = (now, *_paths(policy, writable, [], (), view))
+        hit = (now, _merged(*_paths(policy, writable, [], (), view), abi))
         if len(_kept_paths) > 64:
             _kept_paths.clear()
         _kept_paths[key] = hit
-    _t, readable, granted = hit
+    kept = hit[1]
     if made:
-        granted = sorted({*granted, *made})
-    return handled_rights(abi), _merged(readable, granted, abi)
+        kept = [*kept, (made[0], writable_rights(abi))]
+    return handled_rights(abi), kept
 
 
 def _paths(
