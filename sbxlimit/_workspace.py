@@ -221,10 +221,11 @@ TRASH_SUFFIX = ".removing"
 
 def discard(path: str, final_size: FinalSize | None = None) -> str | None:
     """Take a workspace away from its path at once, for removal later
-    (off the caller's path: a tree's rmdirs take 50-150 us each on a
-    journalled file system, a rename 3 us).  Returns what to remove, or
-    None when it was removed here (the rename failed).  `final_size`
-    follows it (or is measured first)."""
+    (off the caller's path: a tree's rmdirs took 50-150 us each on the
+    test machine, whose ext4 has no journal and discards each freed block
+    before rmdir returns, the parent directory locked; a rename 3 us).
+    Returns what to remove, or None when it was removed here (the rename
+    failed).  `final_size` follows it (or is measured first)."""
     trash = path + TRASH_SUFFIX
     # A measure under way ends first; one after follows the rename.
     with final_size.lock if final_size is not None else contextlib.nullcontext():
