@@ -251,3 +251,24 @@ def test_a_carving_is_made_again_at_each_spawn(tmp_path, named):
     (tmp_path / "root/sub").symlink_to(tmp_path / "elsewhere")
     after = dict(_landlock.rules(policy, None, abi, protected)[1])
     assert str(tmp_path / "root/sub") not in after
+
+
+def test_kept_rules_follow_a_re_pointed_writable_root_once_their_second_is_over(
+    tmp_path, monkeypatch
+):
+    # A writable root named through a link is resolved again once the kept
+    # resolution is older than _protected.TTL (as the view's binds are).
+    from sbxlimit import _landlock
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    link = tmp_path / "root"
+    link.symlink_to(tmp_path / "one")
+    policy = Policy(writable_roots=[str(link)])
+    abi = _core.landlock_abi()
+    assert str(tmp_path / "one") in dict(_landlock.rules(policy, None, abi, view=True)[1])
+    link.unlink()
+    link.symlink_to(tmp_path / "two")
+    monkeypatch.setattr(_landlock, "TTL", 0.0)
+    granted = dict(_landlock.rules(policy, None, abi, view=True)[1])
+    assert str(tmp_path / "two") in granted and str(tmp_path / "one") not in granted
