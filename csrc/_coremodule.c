@@ -802,6 +802,34 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(caller_place_doc,
+             "caller_place() -> tuple[int, ...] | None\n"
+             "--\n\n"
+             "Where the calling thread resolves paths: (device, inode, mount id)\n"
+             "of its \"/\" (a mount namespace of its own, or a chroot, has another\n"
+             "mount id or inode there), and of its mount namespace where the\n"
+             "kernel gives no mount id; None where it cannot say.  A path\n"
+             "resolved in one place may lead elsewhere in another: resolutions\n"
+             "are kept per place.");
+
+static PyObject *core_caller_place(PyObject *self, PyObject *noargs)
+{
+    uint64_t root[3], ns[3];
+
+    (void)self;
+    (void)noargs;
+    if (sbx_path_ident("/", root) < 0)
+        Py_RETURN_NONE;
+    if (root[2] != 0) /* mount ids are unique across namespaces */
+        return Py_BuildValue("(KKK)", (unsigned long long)root[0], (unsigned long long)root[1],
+                             (unsigned long long)root[2]);
+    if (sbx_path_ident("/proc/thread-self/ns/mnt", ns) < 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KKKKK)", (unsigned long long)root[0], (unsigned long long)root[1],
+                         (unsigned long long)ns[0], (unsigned long long)ns[1],
+                         (unsigned long long)ns[2]);
+}
+
 PyDoc_STRVAR(views_stale_doc,
              "views_stale(mounts_fd, watch_fd, root, mount_ns, /) -> bool\n"
              "--\n\n"
@@ -1483,6 +1511,7 @@ static PyMethodDef core_methods[] = {
     {"dev_template", core_dev_template, METH_NOARGS, dev_template_doc},
     {"view_ns", core_view_ns, METH_VARARGS, view_ns_doc},
     {"views_stale", core_views_stale, METH_VARARGS, views_stale_doc},
+    {"caller_place", core_caller_place, METH_NOARGS, caller_place_doc},
     {"tree_signal", core_tree_signal, METH_VARARGS, tree_signal_doc},
 #ifdef __APPLE__
     {"seatbelt_apply", core_seatbelt_apply, METH_O, seatbelt_apply_doc},

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from . import _core, _workspace
+from ._place import Place, here
 from ._plan import Plan, Request
 from ._platform import CLONE_NEWNET, CLONE_NEWPID
 from ._policy import Policy
@@ -131,7 +132,8 @@ def subtract(
 
 # The paths granted to a policy that names nothing to deny, where nothing
 # is carved out (the view holds what is protected, or nothing is): kept
-# for as long as the paths' resolution elsewhere (_protected.TTL).  What a
+# for as long as the paths' resolution elsewhere (_protected.TTL), per
+# place (_place: a path may lead elsewhere after an unshare or a chroot).  What a
 # policy denies by name is resolved at every spawn (a promise,
 # docs/SECURITY.md), and a carving walks directories whose entries may
 # have changed since (a sibling replaced by a link), so those never are.
@@ -147,6 +149,7 @@ def rules(
     *,
     view: bool = False,
     fresh: bool = False,
+    place: Place = None,
 ) -> _Rules:
     """(handled rights, [(path, rights)]) for `policy`; `protected`: the
     paths protect_dotfiles names (``_protected.protected``).  With `view`
@@ -154,17 +157,19 @@ def rules(
     inside the writable roots (bind mounts), and the roots are granted
     whole: carving would take from each directory on the way the right to
     get new entries (a new file in HOME, git's .git/index.lock).
-    `fresh`: `workspace` was made for this sandbox (_workspace.real_path)."""
+    `fresh`: `workspace` was made for this sandbox (_workspace.real_path).
+    `place`: where the caller resolves paths (_place.here(), asked if None)."""
+    place = place if place is not None else here()
     protected = tuple(protected)
     writable = [workspace] if workspace and not fresh else []
     writable += policy.writable_roots
-    made = [_workspace.real_path(workspace)] if workspace and fresh else []
+    made = [_workspace.real_path(workspace, place)] if workspace and fresh else []
     if policy.deny_read or policy.deny_write or (protected and not view):
         readable, granted = _paths(policy, writable, made, protected, view)
         return handled_rights(abi), _merged(readable, granted, abi)
     # Without a carving, a workspace made for this sandbox is one rule more
     # (its path is new: no other rule names it).
-    key = (policy, tuple(writable), abi)
+    key = (policy, tuple(writable), abi, place)
     now = time.monotonic()
     hit = _kept_paths.get(key)
     if hit is None or now - hit[0] >= TTL:

@@ -32,6 +32,7 @@ from ._cgroup import fd_budget
 from ._cgroupfs import mount_table
 from ._errors import ConfigError
 from ._landlock import writable_rights
+from ._place import Place, here
 from ._plan import Plan, Request
 from ._platform import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER
 from ._policy import Policy
@@ -433,20 +434,23 @@ def view(
     protected: Iterable[str] = (),
     *,
     fresh: bool = False,
+    place: Place = None,
 ) -> tuple[View, bool, bool]:
     """The read-only view's entries for `policy` (csrc/sbx.h, struct
     sbx_view); whether "/" becomes read-only (not when it is a writable root
     itself); whether /dev is one of the sandbox's own (not when a writable
     root holds it).  Paths are resolved here: the child follows no link.
-    `fresh`: `workspace` was made for this sandbox (never seen again)."""
+    `fresh`: `workspace` was made for this sandbox (never seen again).
+    `place`: where the caller resolves paths (_place.here(), asked if None)."""
     protected = tuple(protected)
+    place = place if place is not None else here()
     if fresh and workspace is not None:
-        base = _fresh_view(policy, workspace, shm_size, protected)
+        base = _fresh_view(policy, workspace, shm_size, protected, place)
     else:
         # The same workdir comes back at every spawn: what depends only on
         # the policy and the protected paths' resolution is reused for as
-        # long as that resolution (_read_only_cached).
-        base = _kept_view(policy, workspace, shm_size, protected)
+        # long as that resolution (_read_only_cached), where it was made.
+        base = _kept_view(policy, workspace, shm_size, protected, place)
     out, ro_root, own_dev, rw, held = base
     if not policy.deny_write and not policy.deny_read:
         return out, ro_root, own_dev
@@ -477,15 +481,19 @@ _FRESH = "\0a workspace"  # _views' key for what every fresh workspace shares
 
 
 def _kept_view(
-    policy: Policy, workspace: str | None, shm_size: int | None, protected: tuple[str, ...]
+    policy: Policy,
+    workspace: str | None,
+    shm_size: int | None,
+    protected: tuple[str, ...],
+    place: Place,
 ) -> _Base:
-    key = (policy, workspace, shm_size, protected)
+    key = (policy, workspace, shm_size, protected, place)
     now = time.monotonic()
     with _resolved_lock:
         hit = _views.get(key)
     if hit is not None and now - hit[0] < TTL:
         return hit[1]
-    base = _view(policy, None if workspace == _FRESH else workspace, shm_size, protected)
+    base = _view(policy, None if workspace == _FRESH else workspace, shm_size, protected, place)
     with _resolved_lock:
         if len(_views) > 16:
             _views.clear()
@@ -494,16 +502,16 @@ def _kept_view(
 
 
 def _fresh_view(
-    policy: Policy, workspace: str, shm_size: int | None, protected: tuple[str, ...]
+    policy: Policy, workspace: str, shm_size: int | None, protected: tuple[str, ...], place: Place
 ) -> _Base:
     """_view for a workspace made for this sandbox: what does not depend on
     it is the same for every one, and reused as a workdir's is.  Being new
     and empty, no protected path lies in it; being a directory of ours,
     only its parent needs resolving."""
-    real = _workspace.real_path(workspace)
+    real = _workspace.real_path(workspace, place)
     if within("/dev", real):  # a TMPDIR in /dev: /dev is then not the sandbox's own
-        return _view(policy, workspace, shm_size, protected)
-    out, ro_root, own_dev, rw, held = _kept_view(policy, _FRESH, shm_size, protected)
+        return _view(policy, workspace, shm_size, protected, place)
+    out, ro_root, own_dev, rw, held = _kept_view(policy, _FRESH, shm_size, protected, place)
     # _view's first entries are its writable roots', in this order.
     kept = sum(1 for r in rw if r != "/")
     roots = sorted([*rw, real], key=_depth_first)
@@ -520,10 +528,16 @@ def _rw_kind(root: str) -> int:
 
 
 def _view(
-    policy: Policy, workspace: str | None, shm_size: int | None, protected: tuple[str, ...]
+    policy: Policy,
+    workspace: str | None,
+    shm_size: int | None,
+    protected: tuple[str, ...],
+    place: Place = None,
 ) -> _Base:
     """view() without what deny_write and deny_read add; with the
-    writable roots and the protected paths' resolution."""
+    writable roots and the protected paths' resolution (`place`: as in
+    view())."""
+    place = place if place is not None else here()
     real = os.path.realpath
     roots = [workspace] if workspace else []
     roots += policy.writable_roots
@@ -546,7 +560,7 @@ def _view(
         # memory of other processes is none of the sandbox's business.
         size = f",size={shm_size}" if shm_size else ""
         out.append((_core.VIEW_TMPFS, b"/dev/shm", f"mode=1777{size}".encode()))
-    read_only = _read_only_cached(protected)
+    read_only = _read_only_cached(protected, place)
     covered = [path for path in read_only if any(within(path, r) for r in rw)]
     out += [(_core.VIEW_PIN, os.fsencode(d), b"") for d in _pins([*covered, *rw], rw)]
     for path, source in read_only.items():
@@ -642,23 +656,25 @@ def _read_only(paths: Iterable[str]) -> ReadOnly:
 # of a policy spawn's Python time) is reused as long as the search that
 # found them (_protected.TTL): spawns come in bursts.  Whether each exists
 # is the child's to find out, at every spawn.
-_resolved: dict[tuple[str, ...], tuple[float, ReadOnly]] = {}
+_resolved: dict[tuple[tuple[str, ...], Place], tuple[float, ReadOnly]] = {}
 _resolved_lock = threading.Lock()
 # view()'s entries but deny_read's, for a workdir (not a fresh workspace).
-_views: dict[tuple[Policy, str | None, int | None, tuple[str, ...]], tuple[float, _Base]] = {}
+_views: dict[
+    tuple[Policy, str | None, int | None, tuple[str, ...], Place], tuple[float, _Base]
+] = {}
 
 
-def _read_only_cached(paths: tuple[str, ...]) -> ReadOnly:
+def _read_only_cached(paths: tuple[str, ...], place: Place) -> ReadOnly:
     now = time.monotonic()
     with _resolved_lock:
-        hit = _resolved.get(paths)
+        hit = _resolved.get((paths, place))
     if hit is not None and now - hit[0] < TTL:
         return hit[1]
     found = _read_only(paths)
     with _resolved_lock:
         if len(_resolved) > 16:
             _resolved.clear()
-        _resolved[paths] = (now, found)
+        _resolved[paths, place] = (now, found)
     return found
 
 
@@ -857,6 +873,7 @@ class Spawn:
         protected: Iterable[str] = (),
         made: Mapping[int, int] = _NONE_MADE,
         cwd: str | bytes | None = None,
+        place: Place = None,
     ) -> None:
         flags = plan.ns_flags | (CLONE_NEWUSER if plan.user_ns else 0)
         netns, ipcns = made.get(CLONE_NEWNET, -1), made.get(CLONE_NEWIPC, -1)
@@ -894,8 +911,9 @@ class Spawn:
         ro_root = own_dev = False
         if plan.ro_view and policy is not None:
             where = workspace or policy.workdir
+            place = place if place is not None else here()
             entries, ro_root, own_dev = view(
-                policy, where, shm_size, protected, fresh=workspace is not None
+                policy, where, shm_size, protected, fresh=workspace is not None, place=place
             )
         # A /dev made once, cloned by the child (root: _devtree); released
         # by close().
@@ -912,7 +930,7 @@ class Spawn:
             and cwd is not None
             and os.path.isabs(cwd)
         ):
-            entries = self._copy_view(entries, ro_root, own_dev, workspace)
+            entries = self._copy_view(entries, ro_root, own_dev, workspace, place)
         # Landlock skips the directory a mount hides: each tmpfs gets a rule
         # of its own in the child, with the rights the workspace has.  Under
         # a writable "/" the rule for "/" holds beneath them already (the
@@ -948,9 +966,9 @@ class Spawn:
         )
 
     def _copy_view(
-        self, entries: View, ro_root: bool, own_dev: bool, workspace: str | None
+        self, entries: View, ro_root: bool, own_dev: bool, workspace: str | None, place: Place
     ) -> View:
-        mine = os.fsencode(_workspace.real_path(workspace)) if workspace is not None else None
+        mine = os.fsencode(_workspace.real_path(workspace, place)) if workspace else None
         share = _share(entries, mine)
         if not share.indexes:
             # Only "/" read-only and /dev to copy: the child makes those as

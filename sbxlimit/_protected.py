@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from . import _core, _platform
+from ._place import Place, here
 from ._policy import DOTFILES, DOTFILES_DARWIN
 
 __all__ = [
@@ -328,7 +329,7 @@ _skip_list = [*sorted(_SKIP - {".git"}), _OURS + "*"]
 # roots is reused for this long, and no longer than its listing, which a
 # change in the tree ends at once (_Listings).
 TTL = 1.0
-_cache: dict[tuple[str | None, tuple[str, ...], bool], tuple[float, Found]] = {}
+_cache: dict[tuple[str | None, tuple[str, ...], bool, Place], tuple[float, Found]] = {}
 _lock = threading.Lock()
 _listings = _Listings()
 
@@ -351,10 +352,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def protected(home: str | None, roots: Iterable[str], *, darwin: bool = DARWIN) -> Found:
+def protected(
+    home: str | None, roots: Iterable[str], *, darwin: bool = DARWIN, place: Place = None
+) -> Found:
     """The protected paths for writable `roots` and `home` (`darwin`: with
-    macOS's own, for a Seatbelt profile)."""
-    key = (home, tuple(roots), darwin)
+    macOS's own, for a Seatbelt profile), resolved where the caller is
+    (`place`: _place.here(), asked if None)."""
+    key = (home, tuple(roots), darwin, place if place is not None else here())
     now = time.monotonic()
     with _lock:
         hit = _cache.get(key)

@@ -38,7 +38,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import _core, _landlock, _namespaces, _platform, _protected, _seatbelt, _workspace, audit
+from . import (
+    _core,
+    _landlock,
+    _namespaces,
+    _place,
+    _platform,
+    _protected,
+    _seatbelt,
+    _workspace,
+    audit,
+)
 from . import _spawn as _spawn_mod
 from ._cgroup import Cgroup, CgroupStats, Site, discover, warn_explicit_site
 from ._enforcement import Enforcement
@@ -170,6 +180,7 @@ class Sandbox:
     die_with_parent: bool | None = None
     warn_at: float | None = 0.9
     protected: tuple[str, ...] = ()  # what protect_dotfiles protects (_protected)
+    place: _place.Place = None  # where its paths are resolved (_place), with a policy
     notes: dict[str, Enforcement] = {}  # noqa: RUF012  (replaced, never mutated) this run's enforced notes
     _id: str | None = None
 
@@ -274,6 +285,9 @@ class Sandbox:
             raise UnsupportedError({**p.fallbacks, **p.downgrades})
         if p.downgrades:
             warn_downgrades(p)
+        if p.landlock or p.ro_view:
+            # Once a spawn: where the caches of resolved paths are looked up.
+            self.place = _place.here()
         self._find_protected()
 
     def _find_protected(self) -> None:
@@ -286,7 +300,9 @@ class Sandbox:
         # the caller's.
         roots = [pol.workdir] if pol.workdir else []
         home = os.path.expanduser("~")
-        found = _protected.protected(home, [*roots, *pol.writable_roots], darwin=p.seatbelt)
+        found = _protected.protected(
+            home, [*roots, *pol.writable_roots], darwin=p.seatbelt, place=self.place
+        )
         self.protected = found.paths
         # The notes of the same search for the same request: as they were.
         key = (pol, id(p), home)
@@ -462,6 +478,7 @@ class Sandbox:
                     self.protected,
                     made,
                     cwd=None if cwd is None else os.fspath(cwd),
+                    place=self.place,
                 )
                 if ns.view_ns >= 0:
                     get_monitor().keep_views()
@@ -501,6 +518,7 @@ class Sandbox:
                     self.protected,
                     view=p.ro_view,
                     fresh=self.workspace is not None,
+                    place=self.place,
                 )
                 # Shared only if the child adds nothing to it: rules it adds
                 # for its tmpfs would stay in the shared ruleset for good.

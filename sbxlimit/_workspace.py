@@ -22,6 +22,7 @@ import threading
 import time
 
 from ._once import Once
+from ._place import Place, here
 from ._plan import Plan, Request
 from ._protected import TTL
 
@@ -63,21 +64,25 @@ def plan_workdir(p: Plan, r: Request) -> None:
 
 
 # The directories workspaces are made in, resolved (as the protected
-# paths' resolution, for _protected.TTL): a workspace's own name needs none.
-_real_dirs: dict[str, tuple[float, str]] = {}
+# paths' resolution, for _protected.TTL, per place: _place): a workspace's
+# own name needs none.
+_real_dirs: dict[tuple[str, Place], tuple[float, str]] = {}
 
 
-def real_path(workspace: str) -> str:
+def real_path(workspace: str, place: Place = None) -> str:
     """A workspace made for a sandbox, resolved: a directory of ours, new,
-    so only the directory it was made in may be reached through a link."""
+    so only the directory it was made in may be reached through a link.
+    `place`: where the caller resolves paths (_place.here(), asked if
+    None)."""
     parent, name = os.path.split(workspace)
+    key = (parent, place if place is not None else here())
     now = time.monotonic()
-    hit = _real_dirs.get(parent)
+    hit = _real_dirs.get(key)
     if hit is None or now - hit[0] >= TTL:
         hit = (now, os.path.realpath(parent))
         if len(_real_dirs) > 16:
             _real_dirs.clear()
-        _real_dirs[parent] = hit
+        _real_dirs[key] = hit
     return os.path.join(hit[1], name)
 
 

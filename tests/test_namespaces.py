@@ -651,6 +651,64 @@ def test_a_caller_that_left_the_view_s_namespace_or_root_is_not_given_it(tmp_pat
     assert r.stdout.strip() == f"['outside'] {want}", r.stdout
 
 
+_RE_POINTED = """
+import ctypes, os, sys, threading
+import sbxlimit
+from sbxlimit import Policy
+libc = ctypes.CDLL(None, use_errno=True)
+def check(r):
+    if r != 0:
+        raise OSError(ctypes.get_errno(), "libc")
+base = sys.argv[1]
+os.makedirs(base + "/one")
+os.symlink(base + "/one", base + "/root")
+policy = Policy(writable_roots=[base + "/root"], protect_dotfiles=False)
+def tries(tag):
+    script = f"touch {base}/one/{tag} 2>/dev/null; echo $?"
+    return sbxlimit.run(["sh", "-c", script], policy=policy, capture_output=True,
+                        text=True).stdout.strip()
+first = tries("first")
+got = []
+def own():  # within the second the first spawn's resolutions are kept for
+    check(libc.unshare(0x00020000 | 0x200))  # CLONE_NEWNS | CLONE_FS
+    check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None))  # MS_REC | MS_PRIVATE
+    check(libc.mount(b"tmpfs", base.encode(), b"tmpfs", 0, None))
+    os.makedirs(base + "/one")
+    os.makedirs(base + "/two")
+    os.symlink(base + "/two", base + "/root")
+    got.append(tries("then"))
+t = threading.Thread(target=own)
+t.start()
+t.join()
+print(first, got[0])
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts in a thread's own namespace need root")
+@pytest.mark.parametrize("mechanism", ["landlock", "view"])
+def test_a_writable_root_resolved_elsewhere_is_not_granted_here(tmp_path, mechanism):
+    # Resolutions are kept per place (_place): a thread with a mount
+    # namespace of its own, where the writable root's link leads elsewhere
+    # and the first spawn's target is another directory, gets no right to
+    # write that directory, even within the second they are kept for.
+    if mechanism == "landlock" and ABI < 1:
+        pytest.skip("no Landlock here")
+    if mechanism == "view" and not (MNT is not None and MNT.ok):
+        pytest.skip(MNT.reason if MNT is not None else "not Linux")
+    env = dict(os.environ)
+    if mechanism == "landlock":
+        env["SBXLIMIT_NAMESPACES"] = "0"  # Landlock alone holds the files
+    r = subprocess.run(
+        [PY, "-c", _RE_POINTED, str(tmp_path / "base")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "1"], r.stdout
+
+
 def test_what_a_child_adds_to_a_kept_view_follows_what_its_namespace_lacks():
     # What of a view is shared is worked out once per view (_Share); what
     # each child adds depends on the kept namespace it joins: one made
