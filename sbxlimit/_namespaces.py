@@ -838,6 +838,7 @@ _shares: dict[int, _Share] = {}
 
 
 def _share(view: View, mine: bytes | None) -> _Share:
+    """`view`'s _Share, kept while the same list comes back."""
     share = _shares.get(id(view))
     if share is None or share.view is not view or share.mine != mine:
         share = _Share(view, mine)
@@ -969,7 +970,8 @@ class Spawn:
         self, entries: View, ro_root: bool, own_dev: bool, workspace: str | None, place: Place
     ) -> View:
         mine = os.fsencode(_workspace.real_path(workspace, place)) if workspace else None
-        share = _share(entries, mine)
+        # A fresh workspace's view is a new list at each spawn: nothing to keep.
+        share = _Share(entries, mine) if mine is not None else _share(entries, None)
         if not share.indexes:
             # Only "/" read-only and /dev to copy: the child makes those as
             # fast as it joins and copies them (measured: docs/performance.md).
