@@ -130,15 +130,15 @@ def subtract(
     return sorted(out)
 
 
-# The paths granted to a policy that names nothing to deny, where nothing
-# is carved out (the view holds what is protected, or nothing is): kept
+# The rules of a policy that names nothing to deny, where nothing is
+# carved out (the view holds what is protected, or nothing is): kept
 # for as long as the paths' resolution elsewhere (_protected.TTL), per
 # place (_place: a path may lead elsewhere after an unshare or a chroot).  What a
 # policy denies by name is resolved at every spawn (a promise,
 # docs/SECURITY.md), and a carving walks directories whose entries may
 # have changed since (a sibling replaced by a link), so those never are.
 _Rules = tuple[int, list[tuple[str, int]]]
-_kept_paths: dict[tuple[object, ...], tuple[float, list[tuple[str, int]]]] = {}
+_kept_rules: dict[tuple[object, ...], tuple[float, list[tuple[str, int]]]] = {}
 
 
 def rules(
@@ -171,12 +171,12 @@ def rules(
     # (its path is new: no other rule names it).
     key = (policy, tuple(writable), abi, place)
     now = time.monotonic()
-    hit = _kept_paths.get(key)
+    hit = _kept_rules.get(key)
     if hit is None or now - hit[0] >= TTL:
         hit = (now, _merged(*_paths(policy, writable, [], (), view), abi))
-        if len(_kept_paths) > 64:
-            _kept_paths.clear()
-        _kept_paths[key] = hit
+        if len(_kept_rules) > 64:
+            _kept_rules.clear()
+        _kept_rules[key] = hit
     kept = hit[1]
     if made:
         kept = [*kept, (made[0], writable_rights(abi))]
@@ -272,7 +272,7 @@ def ruleset(handled: int, file_rules: list[tuple[str, int]], net: Net, *, reuse:
 def drop_rulesets() -> None:
     """Close the rulesets kept and forget the rules (Monitor.drain:
     nothing kept is left)."""
-    _kept_paths.clear()
+    _kept_rules.clear()
     with _rulesets_lock:
         gone = [k_fd for k_fd, _i, _s in _rulesets.values()]
         _rulesets.clear()
@@ -290,7 +290,7 @@ def _forget_after_fork() -> None:
         except OSError:
             pass
     _rulesets.clear()
-    _kept_paths.clear()
+    _kept_rules.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -218,7 +218,7 @@ def test_a_fresh_workspace_s_rules_are_those_of_its_path(tmp_path, extra, view):
 
 
 def test_kept_rules_never_hold_one_workspace_in_anothers():
-    # The rules of a policy without denials are kept (_landlock._kept_paths);
+    # The rules of a policy without denials are kept (_landlock._kept_rules);
     # a workspace made for one sandbox is added per call, never kept.
     from sbxlimit import _landlock
 
