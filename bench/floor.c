@@ -12,6 +12,14 @@
  * (VIEW_COPY), with the entries sbxlimit's Python layer gives for
  * Policy(workdir="/") on this machine (bench/floor.py writes them).
  *
+ * The ROW_* variants are the benchmark's policy rows whole: every system
+ * call sbxlimit's child makes for that row, and the objects a sandbox has
+ * of its own (four v1 cgroups, an IPC and maybe a network namespace, a
+ * workspace) made before the spawn and removed after it.  "serial": all in
+ * the timed thread.  "pooled": a second thread makes them ahead and removes
+ * them after, as sbxlimit's supervisor does, so that part runs on the
+ * other core (the spawn makes its own when none is ready).
+ *
  * Linux only; run as root (cgroup v1 directories, namespaces, Landlock).
  *     floor ROUNDS REAPER VIEW   (REAPER: sbxlimit's _pid1 program;
  *                                 VIEW: a file of "P path" pins, "R path"
@@ -25,16 +33,21 @@
 #include <linux/mount.h>
 #include <linux/filter.h>
 #include <linux/landlock.h>
+#include <linux/capability.h>
 #include <linux/seccomp.h>
+#include <net/if.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -58,6 +71,14 @@ enum {
                    * pins and read-only binds of the entries file */
     VIEW_COPY,    /* the same view made once: join it, copy it (unshare), add
                    * what is each sandbox's own (devpts, /dev/shm) */
+    ROW_WD,       /* Policy(workdir="/"), serial */
+    ROW_POL,      /* Policy(), its workspace and a view built around it, serial */
+    ROW_DENY,     /* Policy(workdir="/", network="deny"), serial */
+    ROW_TYP,      /* the typical agent sandbox, serial */
+    POOL_WD,      /* the same four rows, pooled */
+    POOL_POL,
+    POOL_DENY,
+    POOL_TYP,
     NVARIANTS
 };
 
@@ -75,6 +96,14 @@ static const char *const names[NVARIANTS] = {
     [TYPICAL] = "typical",
     [VIEW] = "view",
     [VIEW_COPY] = "view-copy",
+    [ROW_WD] = "row-workdir-serial",
+    [ROW_POL] = "row-policy-serial",
+    [ROW_DENY] = "row-deny-serial",
+    [ROW_TYP] = "row-typical-serial",
+    [POOL_WD] = "row-workdir-pooled",
+    [POOL_POL] = "row-policy-pooled",
+    [POOL_DENY] = "row-deny-pooled",
+    [POOL_TYP] = "row-typical-pooled",
 };
 
 static const char *const hierarchies[] = {"memory", "pids", "cpuacct", "freezer"};
@@ -243,6 +272,291 @@ static void view_copy(void)
         _exit(125);
 }
 
+static int write_file(const char *path, const char *value);
+static void cgroup_paths(char paths[NH][256], const char *name);
+
+/* ---- the policy rows whole ------------------------------------------- */
+
+#define R_WS    1u /* a fresh workspace: a view built around it, a ruleset of its own */
+#define R_NET   2u /* a network namespace */
+#define R_CPU   4u /* RLIMIT_CPU too (the typical sandbox's limits) */
+#define N_KINDS 4  /* boxes differ by R_WS and R_NET */
+
+/* What one sandbox has of its own. */
+struct box {
+    char cg[NH][256];
+    int procs[NH];
+    char ws[64], ws_tmp[80];
+    int net, ipc, ruleset;
+};
+
+static int last_cap = 40;
+static int box_counter;
+static struct box *cur_box; /* the spawn's, read by its child */
+
+static unsigned row_what(int v)
+{
+    static const unsigned what[] = {0, R_WS, R_NET, R_WS | R_NET | R_CPU};
+
+    return what[(v - ROW_WD) % 4];
+}
+
+static int lo_up(void)
+{
+    struct ifreq ifr;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0), rc = -1;
+
+    memset(&ifr, 0, sizeof ifr);
+    memcpy(ifr.ifr_name, "lo", 3);
+    if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
+        ifr.ifr_flags |= IFF_UP;
+        rc = ioctl(s, SIOCSIFFLAGS, &ifr);
+    }
+    if (s >= 0)
+        close(s);
+    return rc;
+}
+
+/* A namespace of `kind` kept by an fd, made in this thread (then back). */
+static int make_ns(int kind)
+{
+    const char *self =
+        kind == CLONE_NEWNET ? "/proc/thread-self/ns/net" : "/proc/thread-self/ns/ipc";
+    int home = open(self, O_RDONLY | O_CLOEXEC), fd = -1;
+
+    if (home < 0)
+        return -1;
+    if (unshare(kind) == 0 && (kind != CLONE_NEWNET || lo_up() == 0))
+        fd = open(self, O_RDONLY | O_CLOEXEC);
+    if (setns(home, kind) < 0)
+        abort(); /* this benchmark would go on in the wrong namespace */
+    close(home);
+    return fd;
+}
+
+static int make_box(struct box *b, unsigned what)
+{
+    char name[64], file[300];
+    int n = __atomic_fetch_add(&box_counter, 1, __ATOMIC_RELAXED);
+
+    memset(b, 0, sizeof *b);
+    b->net = b->ipc = b->ruleset = -1;
+    snprintf(name, sizeof name, "floor-%d-b%d", (int)getpid(), n);
+    cgroup_paths(b->cg, name);
+    for (size_t i = 0; i < NH; i++)
+        if (mkdir(b->cg[i], 0755) < 0)
+            return -1;
+    snprintf(file, sizeof file, "%s/memory.limit_in_bytes", b->cg[0]);
+    write_file(file, "536870912");
+    snprintf(file, sizeof file, "%s/pids.max", b->cg[1]);
+    write_file(file, "256");
+    for (size_t i = 0; i < NH; i++) {
+        snprintf(file, sizeof file, "%s/cgroup.procs", b->cg[i]);
+        if ((b->procs[i] = open(file, O_WRONLY | O_CLOEXEC)) < 0)
+            return -1;
+    }
+    if (what & R_WS) {
+        snprintf(b->ws, sizeof b->ws, "/tmp/floor-ws-XXXXXX");
+        snprintf(b->ws_tmp, sizeof b->ws_tmp, "%s/tmp", mkdtemp(b->ws) ? b->ws : "");
+        if (mkdir(b->ws_tmp, 0700) < 0)
+            return -1;
+    }
+    if ((what & R_NET) && (b->net = make_ns(CLONE_NEWNET)) < 0)
+        return -1;
+    return (b->ipc = make_ns(CLONE_NEWIPC)) < 0 ? -1 : 0;
+}
+
+static void remove_box(struct box *b)
+{
+    for (size_t i = 0; i < NH; i++) {
+        close(b->procs[i]);
+        rmdir(b->cg[i]);
+    }
+    if (b->ws[0]) {
+        rmdir(b->ws_tmp);
+        rmdir(b->ws);
+    }
+    if (b->net >= 0)
+        close(b->net);
+    close(b->ipc);
+}
+
+/* The rules a fresh workspace's ruleset has: / read, the workspace all,
+ * the /dev entries a program may write. */
+static int ws_ruleset(const char *ws)
+{
+    static const char *const devs[] = {"/dev/null",   "/dev/zero",    "/dev/full",
+                                       "/dev/random", "/dev/urandom", "/dev/tty",
+                                       "/dev/ptmx",   "/dev/pts",     "/dev/shm"};
+    struct landlock_ruleset_attr attr = {.handled_access_fs = (1ULL << 13) - 1};
+    struct landlock_path_beneath_attr rule;
+    int fd = (int)landlock(SYS_landlock_create_ruleset, (long)&attr, sizeof attr, 0);
+
+    for (size_t i = 0; fd >= 0 && i < 2 + sizeof devs / sizeof devs[0]; i++) {
+        const char *path = i == 0 ? "/" : i == 1 ? ws : devs[i - 2];
+
+        rule.allowed_access = i == 0 ? LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE |
+                                           LANDLOCK_ACCESS_FS_READ_DIR
+                              : i == 1
+                                  ? (1ULL << 13) - 1
+                                  : LANDLOCK_ACCESS_FS_WRITE_FILE | LANDLOCK_ACCESS_FS_READ_FILE;
+        rule.parent_fd = open(path, O_PATH | O_CLOEXEC);
+        if (rule.parent_fd < 0)
+            continue; /* not on this machine */
+        if (landlock(SYS_landlock_add_rule, fd, LANDLOCK_RULE_PATH_BENEATH, (long)&rule) < 0 &&
+            errno != EINVAL) {
+            close(rule.parent_fd);
+            close(fd);
+            return -1;
+        }
+        close(rule.parent_fd);
+    }
+    return fd;
+}
+
+static void drop_caps(void)
+{
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+
+    for (int c = 0; c <= last_cap; c++)
+        prctl(PR_CAPBSET_DROP, c, 0, 0, 0);
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        _exit(128);
+}
+
+/* Policy()'s view: / read-only, the workspace writable, a /dev of its own. */
+static void ws_view(const char *ws)
+{
+    int tree = (int)syscall(SYS_open_tree, AT_FDCWD, ws, OPEN_TREE_CLONE | O_CLOEXEC);
+    int dev = clone_dev();
+
+    if (tree < 0 || dev < 0 || unshare(CLONE_NEWNS) < 0 ||
+        mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        set_attr(AT_FDCWD, "/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID) < 0 ||
+        syscall(SYS_move_mount, dev, "", AT_FDCWD, "/dev", MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
+        own_dev() < 0 ||
+        syscall(SYS_move_mount, tree, "", AT_FDCWD, ws, MOVE_MOUNT_F_EMPTY_PATH) < 0 || chdir(ws))
+        _exit(129);
+}
+
+static void row_child(int v)
+{
+    unsigned what = row_what(v);
+    struct box *b = cur_box;
+    struct rlimit zero = {0, 0}, cpu = {60, 61};
+
+    for (size_t i = 0; i < NH; i++)
+        if (write(b->procs[i], "0", 1) != 1)
+            _exit(120);
+    setsid();
+    setrlimit(RLIMIT_CORE, &zero);
+    if (what & R_CPU)
+        setrlimit(RLIMIT_CPU, &cpu);
+    if ((b->net >= 0 && setns(b->net, CLONE_NEWNET) < 0) || setns(b->ipc, CLONE_NEWIPC) < 0)
+        _exit(124);
+    if (what & R_WS)
+        ws_view(b->ws);
+    else
+        view_copy();
+    drop_caps();
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    if (landlock(SYS_landlock_restrict_self, b->ruleset >= 0 ? b->ruleset : ruleset_fd, 0, 0) < 0)
+        _exit(121);
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter) < 0)
+        _exit(122);
+}
+
+/* The pooled rows' second thread: two boxes of each kind kept ready, the
+ * used ones removed. */
+#define POOL_SIZE   2
+#define MAX_RETIRED 64
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_work = PTHREAD_COND_INITIALIZER;
+static struct box ready[N_KINDS][POOL_SIZE], retired[MAX_RETIRED];
+static int n_ready[N_KINDS], n_retired, pool_stop, pool_failed;
+
+static unsigned kind_what(int k)
+{
+    return (k & 1 ? R_WS : 0) | (k & 2 ? R_NET : 0);
+}
+
+static int what_kind(unsigned what)
+{
+    return (what & R_WS ? 1 : 0) | (what & R_NET ? 2 : 0);
+}
+
+static void *pool_thread(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&pool_lock);
+    while (!pool_stop) {
+        int k, did = 0;
+
+        if (n_retired > 0) {
+            struct box b = retired[--n_retired];
+
+            pthread_mutex_unlock(&pool_lock);
+            remove_box(&b);
+            pthread_mutex_lock(&pool_lock);
+            did = 1;
+        }
+        for (k = 0; k < N_KINDS && !pool_failed; k++) {
+            if (n_ready[k] < POOL_SIZE) {
+                struct box b;
+
+                pthread_mutex_unlock(&pool_lock);
+                if (make_box(&b, kind_what(k)) < 0)
+                    pool_failed = 1;
+                pthread_mutex_lock(&pool_lock);
+                if (!pool_failed)
+                    ready[k][n_ready[k]++] = b;
+                did = 1;
+            }
+        }
+        if (!did)
+            pthread_cond_wait(&pool_work, &pool_lock);
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return NULL;
+}
+
+static int take_box(unsigned what, struct box *b)
+{
+    int k = what_kind(what), got = 0;
+
+    pthread_mutex_lock(&pool_lock);
+    if (n_ready[k] > 0) {
+        *b = ready[k][--n_ready[k]];
+        got = 1;
+        pthread_cond_signal(&pool_work);
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return got || make_box(b, what) == 0;
+}
+
+static void retire_box(struct box *b)
+{
+    pthread_mutex_lock(&pool_lock);
+    if (n_retired < MAX_RETIRED) {
+        retired[n_retired++] = *b;
+        b = NULL;
+    }
+    pthread_cond_signal(&pool_work);
+    pthread_mutex_unlock(&pool_lock);
+    if (b != NULL)
+        remove_box(b);
+}
+
+static void drain_pool(void)
+{
+    pthread_mutex_lock(&pool_lock);
+    pool_stop = 1;
+    pthread_cond_signal(&pool_work);
+    pthread_mutex_unlock(&pool_lock);
+}
+
 static sigset_t saved_mask;
 
 static int target(void *arg)
@@ -320,6 +634,16 @@ static int child(void *arg)
         break;
     case VIEW_COPY:
         view_copy();
+        break;
+    case ROW_WD:
+    case ROW_POL:
+    case ROW_DENY:
+    case ROW_TYP:
+    case POOL_WD:
+    case POOL_POL:
+    case POOL_DENY:
+    case POOL_TYP:
+        row_child(v);
         break;
     }
     execve(argv_true[0], argv_true, envp);
@@ -541,6 +865,38 @@ static int64_t spawn_once(int v, char *stack_top, int *counter)
     return now_ns() - t0;
 }
 
+/* A row's spawn: its own objects (made here, or taken ready), its ruleset
+ * if it has a workspace, the child, then the objects removed (or handed
+ * to the pool's thread). */
+static int64_t spawn_row(int v, char *stack_top)
+{
+    unsigned what = row_what(v);
+    int pooled = v >= POOL_WD, status;
+    int64_t t0 = now_ns();
+    struct box b;
+    pid_t pid;
+
+    if (pooled ? !take_box(what, &b) : make_box(&b, what) < 0)
+        return -1;
+    if ((what & R_WS) && (b.ruleset = ws_ruleset(b.ws)) < 0)
+        return -1;
+    cur_box = &b;
+    pid = clone(child, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, (void *)(intptr_t)v);
+    if (pid < 0 || waitpid(pid, &status, 0) < 0)
+        status = -1;
+    if (b.ruleset >= 0)
+        close(b.ruleset);
+    if (pooled)
+        retire_box(&b);
+    else
+        remove_box(&b);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "floor: %s: child status %#x\n", names[v], status);
+        return -1;
+    }
+    return now_ns() - t0;
+}
+
 static int cmp64(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -550,11 +906,12 @@ static int cmp64(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int rounds = argc > 1 ? atoi(argv[1]) : 300, counter = 0;
+    int rounds = argc > 1 ? atoi(argv[1]) : 300, counter = 0, failed = 0;
     int64_t *t[NVARIANTS];
     char paths[NH][256];
     char *stack = malloc(1 << 16);
     int order[NVARIANTS];
+    pthread_t pool;
 
     reaper_path = argc > 2 ? argv[2] : NULL;
     if (!stack || rounds <= 0 || !reaper_path || argc < 4)
@@ -571,6 +928,19 @@ int main(int argc, char **argv)
         return 2;
     }
     make_filter();
+    {
+        FILE *f = fopen("/proc/sys/kernel/cap_last_cap", "r");
+
+        if (f != NULL) {
+            if (fscanf(f, "%d", &last_cap) != 1)
+                last_cap = 40;
+            fclose(f);
+        }
+    }
+    if (pthread_create(&pool, NULL, pool_thread, NULL) != 0) {
+        perror("floor: pool thread");
+        return 2;
+    }
     cgroup_paths(paths, "floor-pool");
     for (size_t i = 0; i < NH; i++)
         mkdir(paths[i], 0755);
@@ -594,22 +964,33 @@ int main(int argc, char **argv)
                 perror("floor: netns");
                 return 2;
             }
-            t[v][r] = spawn_once(v, stack + (1 << 16), &counter);
+            t[v][r] = v >= ROW_WD ? spawn_row(v, stack + (1 << 16))
+                                  : spawn_once(v, stack + (1 << 16), &counter);
             if (v == CG_JOIN || v == TYPICAL)
                 close_procs();
             if (v == NETNS_JOIN)
                 close(netns_fd);
             if (t[v][r] < 0) {
-                remove_dev_dir();
-                return 1;
+                failed = 1;
+                goto out;
             }
         }
     }
+out:
+    drain_pool();
+    pthread_join(pool, NULL);
+    for (int k = 0; k < N_KINDS; k++)
+        while (n_ready[k] > 0)
+            remove_box(&ready[k][--n_ready[k]]);
+    while (n_retired > 0)
+        remove_box(&retired[--n_retired]);
     for (size_t i = 0; i < NH; i++)
         rmdir(paths[i]);
     close(view_ns);
     close(dev_template);
     remove_dev_dir();
+    if (failed)
+        return 1;
     for (int v = 0; v < NVARIANTS; v++) {
         qsort(t[v], (size_t)rounds, sizeof **t, cmp64);
         printf("%s %lld\n", names[v], (long long)t[v][rounds / 2]);

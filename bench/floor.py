@@ -7,7 +7,14 @@ subprocess.run: 1 + (C variant - C plain) / subprocess.run, with
 subprocess.run's median measured just before and just after.  The view
 variants use the pins and read-only binds sbxlimit's Python layer gives
 ``Policy(workdir="/")`` on this machine (its protected paths: HOME's
-dotfiles, the git repositories found).  Linux, root.
+dotfiles, the git repositories found).
+
+Then the benchmark's policy rows whole (floor.c's ROW_* variants): every
+system call sbxlimit's child makes for the row, and what each sandbox has
+of its own (four v1 cgroups, an IPC and maybe a network namespace, a
+workspace) made and removed per spawn, in the timed thread ("serial") or
+by a second thread ahead of need ("pooled", as sbxlimit's supervisor).
+Linux, root.
 
     python bench/floor.py [--rounds 300]
 """
@@ -25,6 +32,15 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRUE = shutil.which("true") or "/bin/true"
+
+
+# floor.c's rows: (its name, bench/spawn.py's row, the target of issue 17).
+ROWS = (
+    ("workdir", 'Policy(workdir="/")', 1.3),
+    ("policy", "Policy() with its private workspace", 1.5),
+    ("deny", 'Policy(workdir="/", network="deny")', 1.6),
+    ("typical", "typical agent sandbox", 1.8),
+)
 
 
 def subprocess_median(rounds: int) -> float:
@@ -68,7 +84,8 @@ def main() -> None:
         sys.exit("floor: no C compiler")
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "floor")
-        subprocess.run([cc, "-O2", "-o", exe, os.path.join(HERE, "floor.c")], check=True)
+        src = os.path.join(HERE, "floor.c")
+        subprocess.run([cc, "-O2", "-pthread", "-o", exe, src], check=True)
         before = subprocess_median(a.rounds)
         from sbxlimit._namespaces import REAPER
 
@@ -87,8 +104,16 @@ def main() -> None:
     print("| mechanism | C spawn (median) | kernel's extra | floor vs subprocess.run |")
     print("|---|---|---|---|")
     for name, t in ns.items():
+        if name.startswith("row-"):
+            continue
         extra = t - plain
         print(f"| {name} | {t * 1e6:.0f} us | {extra * 1e6:+.0f} us | {1 + extra / sub:.2f}x |")
+    print()
+    print("| benchmark row, whole | serial floor | pooled floor | target |")
+    print("|---|---|---|---|")
+    for row, label, target in ROWS:
+        floors = [1 + (ns[f"row-{row}-{how}"] - plain) / sub for how in ("serial", "pooled")]
+        print(f"| {label} | {floors[0]:.2f}x | {floors[1]:.2f}x | <= {target}x |")
 
 
 if __name__ == "__main__":
