@@ -116,6 +116,9 @@ static char target_stack[1 << 15] __attribute__((aligned(16)));
 static int netns_fd = -1;
 static int ruleset_fd = -1;
 static struct sock_fprog filter;
+/* sbxlimit's own filters for the rows (bench/floor.py writes them):
+ * Policy()'s, and with network="deny". */
+static struct sock_fprog row_filter, row_filter_net;
 static char *const argv_true[] = {"/bin/true", NULL};
 static char *const envp[] = {NULL};
 
@@ -277,17 +280,23 @@ static void cgroup_paths(char paths[NH][256], const char *name);
 
 /* ---- the policy rows whole ------------------------------------------- */
 
-#define R_WS    1u /* a fresh workspace: a view built around it, a ruleset of its own */
-#define R_NET   2u /* a network namespace */
-#define R_CPU   4u /* RLIMIT_CPU too (the typical sandbox's limits) */
-#define N_KINDS 4  /* boxes differ by R_WS and R_NET */
+#define R_WS     1u /* a fresh workspace: a view built around it, a ruleset of its own */
+#define R_NET    2u /* a network namespace */
+#define R_LIMITS 4u /* memory and pids limits written, RLIMIT_CPU (the typical sandbox's) */
+#define N_KINDS  4  /* boxes differ by R_WS and R_NET (R_LIMITS goes with both) */
 
-/* What one sandbox has of its own. */
+#ifndef PIDFD_GET_MNT_NAMESPACE
+#define PIDFD_GET_MNT_NAMESPACE _IO(0xFF, 3) /* linux/pidfd.h, Linux 6.11 */
+#endif
+
+/* What one sandbox has of its own.  `mnt`: its mount namespace, held from
+ * the exec to after the wait (as sbxlimit does: the child's exit then does
+ * not tear it down). */
 struct box {
     char cg[NH][256];
-    int procs[NH];
-    char ws[64], ws_tmp[80];
-    int net, ipc, ruleset;
+    int tasks[NH];
+    char ws[80], ws_tmp[96];
+    int net, ipc, ruleset, mnt;
 };
 
 static int last_cap = 40;
@@ -296,7 +305,7 @@ static struct box *cur_box; /* the spawn's, read by its child */
 
 static unsigned row_what(int v)
 {
-    static const unsigned what[] = {0, R_WS, R_NET, R_WS | R_NET | R_CPU};
+    static const unsigned what[] = {0, R_WS, R_NET, R_WS | R_NET | R_LIMITS};
 
     return what[(v - ROW_WD) % 4];
 }
@@ -334,51 +343,75 @@ static int make_ns(int kind)
     return fd;
 }
 
+static void remove_box(struct box *b)
+{
+    for (size_t i = 0; i < NH; i++) {
+        if (b->tasks[i] >= 0)
+            close(b->tasks[i]);
+        if (b->cg[i][0])
+            rmdir(b->cg[i]);
+    }
+    if (b->ws[0]) {
+        rmdir(b->ws_tmp);
+        rmdir(b->ws);
+    }
+    if (b->mnt >= 0)
+        close(b->mnt);
+    if (b->net >= 0)
+        close(b->net);
+    if (b->ipc >= 0)
+        close(b->ipc);
+}
+
+/* The four cgroups (v1 joins through `tasks`, as sbxlimit's child does:
+ * no thread-group lock), the workspace, the namespaces; what was made of
+ * them is removed again if one fails. */
 static int make_box(struct box *b, unsigned what)
 {
     char name[64], file[300];
     int n = __atomic_fetch_add(&box_counter, 1, __ATOMIC_RELAXED);
 
     memset(b, 0, sizeof *b);
-    b->net = b->ipc = b->ruleset = -1;
-    snprintf(name, sizeof name, "floor-%d-b%d", (int)getpid(), n);
-    cgroup_paths(b->cg, name);
+    b->net = b->ipc = b->ruleset = b->mnt = -1;
     for (size_t i = 0; i < NH; i++)
-        if (mkdir(b->cg[i], 0755) < 0)
-            return -1;
-    snprintf(file, sizeof file, "%s/memory.limit_in_bytes", b->cg[0]);
-    write_file(file, "536870912");
-    snprintf(file, sizeof file, "%s/pids.max", b->cg[1]);
-    write_file(file, "256");
+        b->tasks[i] = -1;
+    snprintf(name, sizeof name, "floor-%d-b%d", (int)getpid(), n);
     for (size_t i = 0; i < NH; i++) {
-        snprintf(file, sizeof file, "%s/cgroup.procs", b->cg[i]);
-        if ((b->procs[i] = open(file, O_WRONLY | O_CLOEXEC)) < 0)
-            return -1;
+        snprintf(file, sizeof file, "/sys/fs/cgroup/%s/%s", hierarchies[i], name);
+        if (mkdir(file, 0755) < 0)
+            goto fail;
+        memcpy(b->cg[i], file, sizeof b->cg[i]);
+    }
+    if (what & R_LIMITS) {
+        snprintf(file, sizeof file, "%s/memory.limit_in_bytes", b->cg[0]);
+        write_file(file, "536870912");
+        snprintf(file, sizeof file, "%s/pids.max", b->cg[1]);
+        write_file(file, "256");
+    }
+    for (size_t i = 0; i < NH; i++) {
+        snprintf(file, sizeof file, "%s/tasks", b->cg[i]);
+        if ((b->tasks[i] = open(file, O_WRONLY | O_CLOEXEC)) < 0)
+            goto fail;
     }
     if (what & R_WS) {
+        /* room left in ws for the renames' suffixes (rename_ws) */
         snprintf(b->ws, sizeof b->ws, "/tmp/floor-ws-XXXXXX");
-        snprintf(b->ws_tmp, sizeof b->ws_tmp, "%s/tmp", mkdtemp(b->ws) ? b->ws : "");
+        if (mkdtemp(b->ws) == NULL) {
+            b->ws[0] = 0;
+            goto fail;
+        }
+        snprintf(b->ws_tmp, sizeof b->ws_tmp, "%s/tmp", b->ws);
         if (mkdir(b->ws_tmp, 0700) < 0)
-            return -1;
+            goto fail;
     }
     if ((what & R_NET) && (b->net = make_ns(CLONE_NEWNET)) < 0)
-        return -1;
-    return (b->ipc = make_ns(CLONE_NEWIPC)) < 0 ? -1 : 0;
-}
-
-static void remove_box(struct box *b)
-{
-    for (size_t i = 0; i < NH; i++) {
-        close(b->procs[i]);
-        rmdir(b->cg[i]);
-    }
-    if (b->ws[0]) {
-        rmdir(b->ws_tmp);
-        rmdir(b->ws);
-    }
-    if (b->net >= 0)
-        close(b->net);
-    close(b->ipc);
+        goto fail;
+    if ((b->ipc = make_ns(CLONE_NEWIPC)) < 0)
+        goto fail;
+    return 0;
+fail:
+    remove_box(b);
+    return -1;
 }
 
 /* The rules a fresh workspace's ruleset has: / read, the workspace all,
@@ -448,11 +481,11 @@ static void row_child(int v)
     struct rlimit zero = {0, 0}, cpu = {60, 61};
 
     for (size_t i = 0; i < NH; i++)
-        if (write(b->procs[i], "0", 1) != 1)
+        if (write(b->tasks[i], "0", 1) != 1)
             _exit(120);
     setsid();
     setrlimit(RLIMIT_CORE, &zero);
-    if (what & R_CPU)
+    if (what & R_LIMITS)
         setrlimit(RLIMIT_CPU, &cpu);
     if ((b->net >= 0 && setns(b->net, CLONE_NEWNET) < 0) || setns(b->ipc, CLONE_NEWIPC) < 0)
         _exit(124);
@@ -464,7 +497,8 @@ static void row_child(int v)
     prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     if (landlock(SYS_landlock_restrict_self, b->ruleset >= 0 ? b->ruleset : ruleset_fd, 0, 0) < 0)
         _exit(121);
-    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter) < 0)
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, (what & R_NET) ? &row_filter_net : &row_filter) <
+        0)
         _exit(122);
 }
 
@@ -475,11 +509,11 @@ static void row_child(int v)
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t pool_work = PTHREAD_COND_INITIALIZER;
 static struct box ready[N_KINDS][POOL_SIZE], retired[MAX_RETIRED];
-static int n_ready[N_KINDS], n_retired, pool_stop, pool_failed;
+static int n_ready[N_KINDS], n_retired, pool_stop, pool_failed, pool_misses;
 
 static unsigned kind_what(int k)
 {
-    return (k & 1 ? R_WS : 0) | (k & 2 ? R_NET : 0);
+    return (k & 1 ? R_WS : 0) | (k & 2 ? R_NET : 0) | (k == 3 ? R_LIMITS : 0);
 }
 
 static int what_kind(unsigned what)
@@ -522,6 +556,8 @@ static void *pool_thread(void *arg)
     return NULL;
 }
 
+/* A ready box, or one made here (a miss, counted); the pool's thread is
+ * woken once the child runs (pool_wake), as sbxlimit's supervisor. */
 static int take_box(unsigned what, struct box *b)
 {
     int k = what_kind(what), got = 0;
@@ -530,10 +566,30 @@ static int take_box(unsigned what, struct box *b)
     if (n_ready[k] > 0) {
         *b = ready[k][--n_ready[k]];
         got = 1;
-        pthread_cond_signal(&pool_work);
+    } else {
+        pool_misses++;
     }
     pthread_mutex_unlock(&pool_lock);
     return got || make_box(b, what) == 0;
+}
+
+/* sbxlimit renames a ready workspace for its sandbox, and away at close. */
+static int rename_ws(struct box *b, const char *suffix)
+{
+    char to[sizeof b->ws];
+
+    if (snprintf(to, sizeof to, "%s%s", b->ws, suffix) >= (int)sizeof to || rename(b->ws, to) < 0)
+        return -1;
+    memcpy(b->ws, to, sizeof to);
+    snprintf(b->ws_tmp, sizeof b->ws_tmp, "%s/tmp", b->ws);
+    return 0;
+}
+
+static void pool_wake(void)
+{
+    pthread_mutex_lock(&pool_lock);
+    pthread_cond_signal(&pool_work);
+    pthread_mutex_unlock(&pool_lock);
 }
 
 static void retire_box(struct box *b)
@@ -745,6 +801,25 @@ static int make_view_ns(void)
     return rc;
 }
 
+/* A filter program as _core.seccomp_program gives it (struct sock_filter[]). */
+static int read_filter(const char *file, struct sock_fprog *prog)
+{
+    static struct sock_filter progs[2][4096];
+    static int used;
+    FILE *f = fopen(file, "rb");
+    size_t n;
+
+    if (f == NULL || used >= 2)
+        return -1;
+    n = fread(progs[used], sizeof progs[used][0], 4096, f);
+    fclose(f);
+    if (n == 0)
+        return -1;
+    prog->len = (unsigned short)n;
+    prog->filter = progs[used++];
+    return 0;
+}
+
 static int read_entries(const char *file)
 {
     char line[4096];
@@ -876,16 +951,34 @@ static int64_t spawn_row(int v, char *stack_top)
     struct box b;
     pid_t pid;
 
+    int pidfd = -1;
+
     if (pooled ? !take_box(what, &b) : make_box(&b, what) < 0)
         return -1;
-    if ((what & R_WS) && (b.ruleset = ws_ruleset(b.ws)) < 0)
+    if (pooled && b.ws[0] && rename_ws(&b, "-taken") < 0) {
+        remove_box(&b);
         return -1;
+    }
+    if ((what & R_WS) && (b.ruleset = ws_ruleset(b.ws)) < 0) {
+        remove_box(&b);
+        return -1;
+    }
     cur_box = &b;
-    pid = clone(child, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, (void *)(intptr_t)v);
+    pid = clone(child, stack_top, CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD,
+                (void *)(intptr_t)v, &pidfd);
+    if (pid > 0 && pidfd >= 0) {
+        b.mnt = ioctl(pidfd, PIDFD_GET_MNT_NAMESPACE, 0); /* -1: exited already */
+        close(pidfd);
+    }
+    if (pooled)
+        pool_wake();
     if (pid < 0 || waitpid(pid, &status, 0) < 0)
         status = -1;
     if (b.ruleset >= 0)
         close(b.ruleset);
+    b.ruleset = -1;
+    if (pooled && b.ws[0])
+        rename_ws(&b, ".removing"); /* its path gone before the spawn returns */
     if (pooled)
         retire_box(&b);
     else
@@ -914,8 +1007,12 @@ int main(int argc, char **argv)
     pthread_t pool;
 
     reaper_path = argc > 2 ? argv[2] : NULL;
-    if (!stack || rounds <= 0 || !reaper_path || argc < 4)
+    if (!stack || rounds <= 0 || !reaper_path || argc < 6)
         return 2;
+    if (read_filter(argv[4], &row_filter) < 0 || read_filter(argv[5], &row_filter_net) < 0) {
+        fprintf(stderr, "floor: the filters in %s and %s cannot be read\n", argv[4], argv[5]);
+        return 2;
+    }
     if (read_entries(argv[3]) < 0 || mkdtemp(dev_dir) == NULL || make_dev_template() < 0 ||
         make_view_ns() < 0) {
         perror("floor: view");
@@ -958,11 +1055,11 @@ int main(int argc, char **argv)
         for (int i = 0; i < NVARIANTS; i++) {
             int v = order[i];
 
-            if ((v == CG_JOIN || v == TYPICAL) && open_procs(paths) < 0)
-                return 2;
-            if (v == NETNS_JOIN && make_netns() < 0) {
-                perror("floor: netns");
-                return 2;
+            if (((v == CG_JOIN || v == TYPICAL) && open_procs(paths) < 0) ||
+                (v == NETNS_JOIN && make_netns() < 0)) {
+                perror("floor: cgroup or netns");
+                failed = 1;
+                goto out;
             }
             t[v][r] = v >= ROW_WD ? spawn_row(v, stack + (1 << 16))
                                   : spawn_once(v, stack + (1 << 16), &counter);
@@ -991,6 +1088,9 @@ out:
     remove_dev_dir();
     if (failed)
         return 1;
+    if (pool_failed)
+        fprintf(stderr, "floor: the pool's thread could not make a sandbox's objects\n");
+    printf("# pool-misses %d\n", pool_misses);
     for (int v = 0; v < NVARIANTS; v++) {
         qsort(t[v], (size_t)rounds, sizeof **t, cmp64);
         printf("%s %lld\n", names[v], (long long)t[v][rounds / 2]);
