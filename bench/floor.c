@@ -12,10 +12,10 @@
  * (VIEW_COPY), with the entries sbxlimit's Python layer gives for
  * Policy(workdir="/") on this machine (bench/floor.py writes them).
  *
- * The ROW_* variants are the benchmark's policy rows whole: every system
- * call sbxlimit's child makes for that row, and the objects a sandbox has
- * of its own (four v1 cgroups, an IPC and maybe a network namespace, a
- * workspace) made before the spawn and removed after it.  "serial": all in
+ * The ROW_* variants are the benchmark's cgroup and policy rows whole:
+ * every system call sbxlimit's child makes for that row, and the objects a
+ * sandbox has of its own (four v1 cgroups, an IPC and maybe a network
+ * namespace, a workspace) made before the spawn and removed after it.  "serial": all in
  * the timed thread.  "pooled": a second thread makes them ahead and removes
  * them after, as sbxlimit's supervisor does, so that part runs on the
  * other core (the spawn makes its own when none is ready).
@@ -71,11 +71,13 @@ enum {
                    * pins and read-only binds of the entries file */
     VIEW_COPY,    /* the same view made once: join it, copy it (unshare), add
                    * what is each sandbox's own (devpts, /dev/shm) */
+    ROW_CG,       /* limits with a cgroup per sandbox (no policy), serial */
     ROW_WD,       /* Policy(workdir="/"), serial */
     ROW_POL,      /* Policy(), its workspace and a view built around it, serial */
     ROW_DENY,     /* Policy(workdir="/", network="deny"), serial */
     ROW_TYP,      /* the typical agent sandbox, serial */
-    POOL_WD,      /* the same four rows, pooled */
+    POOL_CG,      /* the same five rows, pooled */
+    POOL_WD,
     POOL_POL,
     POOL_DENY,
     POOL_TYP,
@@ -96,10 +98,12 @@ static const char *const names[NVARIANTS] = {
     [TYPICAL] = "typical",
     [VIEW] = "view",
     [VIEW_COPY] = "view-copy",
+    [ROW_CG] = "row-cgroup-serial",
     [ROW_WD] = "row-workdir-serial",
     [ROW_POL] = "row-policy-serial",
     [ROW_DENY] = "row-deny-serial",
     [ROW_TYP] = "row-typical-serial",
+    [POOL_CG] = "row-cgroup-pooled",
     [POOL_WD] = "row-workdir-pooled",
     [POOL_POL] = "row-policy-pooled",
     [POOL_DENY] = "row-deny-pooled",
@@ -282,8 +286,10 @@ static void cgroup_paths(char paths[NH][256], const char *name);
 
 #define R_WS     1u /* a fresh workspace: a view built around it, a ruleset of its own */
 #define R_NET    2u /* a network namespace */
-#define R_LIMITS 4u /* memory and pids limits written, RLIMIT_CPU (the typical sandbox's) */
-#define N_KINDS  4  /* boxes differ by R_WS and R_NET (R_LIMITS goes with both) */
+#define R_LIMITS 4u /* memory and pids limits written (and the typical sandbox's RLIMIT_CPU) */
+#define R_POLICY 8u /* a Policy: an IPC namespace, a view, no capabilities, Landlock, seccomp */
+#define N_ROWS   5
+#define N_KINDS  N_ROWS /* each row's boxes are a kind of their own */
 
 #ifndef PIDFD_GET_MNT_NAMESPACE
 #define PIDFD_GET_MNT_NAMESPACE _IO(0xFF, 3) /* linux/pidfd.h, Linux 6.11 */
@@ -303,11 +309,13 @@ static int last_cap = 40;
 static int box_counter;
 static struct box *cur_box; /* the spawn's, read by its child */
 
+static const unsigned row_whats[N_ROWS] = {
+    R_LIMITS, R_POLICY, R_POLICY | R_WS, R_POLICY | R_NET, R_POLICY | R_WS | R_NET | R_LIMITS,
+};
+
 static unsigned row_what(int v)
 {
-    static const unsigned what[] = {0, R_WS, R_NET, R_WS | R_NET | R_LIMITS};
-
-    return what[(v - ROW_WD) % 4];
+    return row_whats[(v - ROW_CG) % N_ROWS];
 }
 
 static int lo_up(void)
@@ -406,7 +414,7 @@ static int make_box(struct box *b, unsigned what)
     }
     if ((what & R_NET) && (b->net = make_ns(CLONE_NEWNET)) < 0)
         goto fail;
-    if ((b->ipc = make_ns(CLONE_NEWIPC)) < 0)
+    if ((what & R_POLICY) && (b->ipc = make_ns(CLONE_NEWIPC)) < 0)
         goto fail;
     return 0;
 fail:
@@ -483,8 +491,12 @@ static void row_child(int v)
     for (size_t i = 0; i < NH; i++)
         if (write(b->tasks[i], "0", 1) != 1)
             _exit(120);
-    setsid();
     setrlimit(RLIMIT_CORE, &zero);
+    if (!(what & R_POLICY)) {
+        setpgid(0, 0); /* limits alone: a group of its own, the tree to end */
+        return;
+    }
+    setsid();
     if (what & R_LIMITS)
         setrlimit(RLIMIT_CPU, &cpu);
     if ((b->net >= 0 && setns(b->net, CLONE_NEWNET) < 0) || setns(b->ipc, CLONE_NEWIPC) < 0)
@@ -513,12 +525,7 @@ static int n_ready[N_KINDS], n_retired, pool_stop, pool_failed, pool_misses;
 
 static unsigned kind_what(int k)
 {
-    return (k & 1 ? R_WS : 0) | (k & 2 ? R_NET : 0) | (k == 3 ? R_LIMITS : 0);
-}
-
-static int what_kind(unsigned what)
-{
-    return (what & R_WS ? 1 : 0) | (what & R_NET ? 2 : 0);
+    return row_whats[k];
 }
 
 static void *pool_thread(void *arg)
@@ -560,7 +567,10 @@ static void *pool_thread(void *arg)
  * woken once the child runs (pool_wake), as sbxlimit's supervisor. */
 static int take_box(unsigned what, struct box *b)
 {
-    int k = what_kind(what), got = 0;
+    int k = 0, got = 0;
+
+    while (k < N_ROWS - 1 && row_whats[k] != what)
+        k++;
 
     pthread_mutex_lock(&pool_lock);
     if (n_ready[k] > 0) {
@@ -691,10 +701,12 @@ static int child(void *arg)
     case VIEW_COPY:
         view_copy();
         break;
+    case ROW_CG:
     case ROW_WD:
     case ROW_POL:
     case ROW_DENY:
     case ROW_TYP:
+    case POOL_CG:
     case POOL_WD:
     case POOL_POL:
     case POOL_DENY:
@@ -946,7 +958,7 @@ static int64_t spawn_once(int v, char *stack_top, int *counter)
 static int64_t spawn_row(int v, char *stack_top)
 {
     unsigned what = row_what(v);
-    int pooled = v >= POOL_WD, status;
+    int pooled = v >= POOL_CG, status;
     int64_t t0 = now_ns();
     struct box b;
     pid_t pid;
@@ -964,7 +976,10 @@ static int64_t spawn_row(int v, char *stack_top)
         return -1;
     }
     cur_box = &b;
-    pid = clone(child, stack_top, CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD,
+    /* A mount namespace of its own is held (sbxlimit asks for a pidfd
+     * only then). */
+    pid = clone(child, stack_top,
+                CLONE_VM | CLONE_VFORK | SIGCHLD | ((what & R_POLICY) ? CLONE_PIDFD : 0),
                 (void *)(intptr_t)v, &pidfd);
     if (pid > 0 && pidfd >= 0) {
         b.mnt = ioctl(pidfd, PIDFD_GET_MNT_NAMESPACE, 0); /* -1: exited already */
@@ -1061,7 +1076,7 @@ int main(int argc, char **argv)
                 failed = 1;
                 goto out;
             }
-            t[v][r] = v >= ROW_WD ? spawn_row(v, stack + (1 << 16))
+            t[v][r] = v >= ROW_CG ? spawn_row(v, stack + (1 << 16))
                                   : spawn_once(v, stack + (1 << 16), &counter);
             if (v == CG_JOIN || v == TYPICAL)
                 close_procs();
