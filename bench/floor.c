@@ -958,12 +958,10 @@ static int64_t spawn_once(int v, char *stack_top, int *counter)
 static int64_t spawn_row(int v, char *stack_top)
 {
     unsigned what = row_what(v);
-    int pooled = v >= POOL_CG, status;
+    int pooled = v >= POOL_CG, status, pidfd = -1;
     int64_t t0 = now_ns();
     struct box b;
     pid_t pid;
-
-    int pidfd = -1;
 
     if (pooled ? !take_box(what, &b) : make_box(&b, what) < 0)
         return -1;
