@@ -334,7 +334,8 @@ static int lo_up(void)
     return rc;
 }
 
-/* A namespace of `kind` kept by an fd, made in this thread (then back). */
+/* A namespace of `kind` kept by an fd, as sbxlimit's pool makes it (a
+ * network one with lo up), but in this thread: entered, kept, left. */
 static int make_ns(int kind)
 {
     const char *self =
@@ -376,7 +377,7 @@ static void remove_box(struct box *b)
  * them is removed again if one fails. */
 static int make_box(struct box *b, unsigned what)
 {
-    char name[64], file[300];
+    char name[64], file[300], paths[NH][256];
     int n = __atomic_fetch_add(&box_counter, 1, __ATOMIC_RELAXED);
 
     memset(b, 0, sizeof *b);
@@ -384,11 +385,11 @@ static int make_box(struct box *b, unsigned what)
     for (size_t i = 0; i < NH; i++)
         b->tasks[i] = -1;
     snprintf(name, sizeof name, "floor-%d-b%d", (int)getpid(), n);
+    cgroup_paths(paths, name);
     for (size_t i = 0; i < NH; i++) {
-        snprintf(file, sizeof file, "/sys/fs/cgroup/%s/%s", hierarchies[i], name);
-        if (mkdir(file, 0755) < 0)
+        if (mkdir(paths[i], 0755) < 0)
             goto fail;
-        memcpy(b->cg[i], file, sizeof b->cg[i]);
+        memcpy(b->cg[i], paths[i], sizeof b->cg[i]); /* made: removed on failure */
     }
     if (what & R_LIMITS) {
         snprintf(file, sizeof file, "%s/memory.limit_in_bytes", b->cg[0]);
@@ -716,21 +717,6 @@ static int child(void *arg)
     }
     execve(argv_true[0], argv_true, envp);
     _exit(127);
-}
-
-/* As sbxlimit's pool does it, but in this thread: enter a new one, keep
- * an fd, come back. */
-static int make_netns(void)
-{
-    int home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-
-    if (home < 0 || unshare(CLONE_NEWNET) < 0)
-        return -1;
-    netns_fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-    if (setns(home, CLONE_NEWNET) < 0)
-        abort(); /* this benchmark would go on in the wrong namespace */
-    close(home);
-    return netns_fd < 0 ? -1 : 0;
 }
 
 /* A /dev as the core's template: a directory of the host's six nodes,
@@ -1069,7 +1055,7 @@ int main(int argc, char **argv)
             int v = order[i];
 
             if (((v == CG_JOIN || v == TYPICAL) && open_procs(paths) < 0) ||
-                (v == NETNS_JOIN && make_netns() < 0)) {
+                (v == NETNS_JOIN && (netns_fd = make_ns(CLONE_NEWNET)) < 0)) {
                 perror("floor: cgroup or netns");
                 failed = 1;
                 goto out;
