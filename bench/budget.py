@@ -18,8 +18,8 @@ Each variant runs alone, back to back (or --gap seconds apart), for
                (getrusage(RUSAGE_CHILDREN))
   machine      the rest of the machine's busy time (/proc/stat, in ticks
                of 10 ms: a few us per spawn over a few seconds): mostly
-               kernel threads working for the sandboxes; idle processes of
-               others count here too
+               kernel threads working for the sandboxes; any other
+               process's work counts here too
 
     python bench/budget.py [--seconds 4] [--gap 0] [--only typical,...]
 
