@@ -1062,16 +1062,19 @@ done:
     return out;
 }
 
-PyDoc_STRVAR(fs_batch_doc,
-             "fs_batch(steps, stop_at_error, /) -> list[int]\n"
-             "--\n\n"
-             "Run (op, path, data) steps (FS_MKDIR, FS_RMDIR, FS_WRITE,\n"
-             "FS_WRITE_OPTIONAL, FS_READ, FS_STAT; data: bytes for a write, else None)\n"
-             "in order with the GIL released once for all of them; returns each step's\n"
-             "errno (0: done, -1: not run, after a failure with stop_at_error), for a\n"
-             "read that succeeded the bytes read (a file of FS_READ_MAX bytes or more\n"
-             "fails with EFBIG: never a truncated read), for a stat that succeeded\n"
-             "(st_dev, st_ino), links followed.");
+PyDoc_STRVAR(fs_batch_doc, "fs_batch(steps, stop_at_error, /) -> list\n"
+                           "--\n\n"
+                           "Run (op, path, data[, fd]) steps (FS_MKDIR, FS_RMDIR, FS_WRITE,\n"
+                           "FS_WRITE_OPTIONAL, FS_READ, FS_STAT, FS_OPEN_WRITE, FS_OPEN_READ,\n"
+                           "FS_V1_EVENT, FS_CLOSE, FS_RM_WORKSPACE; data: bytes for a write or an\n"
+                           "event, else None; fd: the eventfd of FS_V1_EVENT, the fd FS_CLOSE\n"
+                           "closes) in order with the GIL released once for all of them; returns\n"
+                           "each step's errno (0: done, -1: not run, after a failure with\n"
+                           "stop_at_error), for a read that succeeded the bytes read (a file of\n"
+                           "FS_READ_MAX bytes or more fails with EFBIG: never a truncated read),\n"
+                           "for a stat that succeeded (st_dev, st_ino), links followed, for an\n"
+                           "open (fd,) (close-on-exec, the caller's to close), for a workspace\n"
+                           "removed (bytes its tmp/ held,).");
 
 static PyObject *core_fs_batch(PyObject *self, PyObject *args)
 {
@@ -1097,11 +1100,12 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
     }
     for (i = 0; i < n; i++) {
         PyObject *path = NULL, *data;
-        int op;
+        int op, fd = -1;
 
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iO&O:fs_batch step", &op,
-                              PyUnicode_FSConverter, &path, &data))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iO&O|i:fs_batch step", &op,
+                              PyUnicode_FSConverter, &path, &data, &fd))
             goto done;
+        steps[i].fd = fd;
         if (PyList_Append(keep, path) < 0) {
             Py_DECREF(path);
             goto done;
@@ -1116,8 +1120,8 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
             }
             steps[i].data = PyBytes_AS_STRING(data);
             steps[i].len = (size_t)PyBytes_GET_SIZE(data);
-        } else if (op == SBX_FS_WRITE || op == SBX_FS_WRITE_OPTIONAL) {
-            PyErr_SetString(PyExc_TypeError, "fs_batch: a write needs bytes");
+        } else if (op == SBX_FS_WRITE || op == SBX_FS_WRITE_OPTIONAL || op == SBX_FS_V1_EVENT) {
+            PyErr_SetString(PyExc_TypeError, "fs_batch: a write or an event needs bytes");
             goto done;
         }
         if (op == SBX_FS_READ)
@@ -1153,14 +1157,23 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
             err = PyBytes_FromStringAndSize(steps[i].buf, (Py_ssize_t)steps[i].len);
         else if (steps[i].op == SBX_FS_STAT)
             err = Py_BuildValue("(KK)", steps[i].dev, steps[i].ino);
+        else if (steps[i].op == SBX_FS_OPEN_WRITE || steps[i].op == SBX_FS_OPEN_READ)
+            err = Py_BuildValue("(i)", steps[i].fd);
+        else if (steps[i].op == SBX_FS_RM_WORKSPACE)
+            err = Py_BuildValue("(n)", (Py_ssize_t)steps[i].len);
         else
             err = PyLong_FromLong(0);
         if (!err) {
             Py_CLEAR(out);
-            goto done;
+            break;
         }
         PyList_SET_ITEM(out, i, err);
     }
+    if (!out) /* the fds opened would be nobody's */
+        for (i = 0; i < n; i++)
+            if ((steps[i].op == SBX_FS_OPEN_WRITE || steps[i].op == SBX_FS_OPEN_READ) &&
+                steps[i].err == 0)
+                close(steps[i].fd);
 done:
     PyMem_Free(bufs);
     PyMem_Free(steps);
@@ -1574,6 +1587,11 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "FS_WRITE_OPTIONAL", SBX_FS_WRITE_OPTIONAL) < 0 ||
         PyModule_AddIntConstant(m, "FS_READ", SBX_FS_READ) < 0 ||
         PyModule_AddIntConstant(m, "FS_STAT", SBX_FS_STAT) < 0 ||
+        PyModule_AddIntConstant(m, "FS_OPEN_WRITE", SBX_FS_OPEN_WRITE) < 0 ||
+        PyModule_AddIntConstant(m, "FS_OPEN_READ", SBX_FS_OPEN_READ) < 0 ||
+        PyModule_AddIntConstant(m, "FS_V1_EVENT", SBX_FS_V1_EVENT) < 0 ||
+        PyModule_AddIntConstant(m, "FS_CLOSE", SBX_FS_CLOSE) < 0 ||
+        PyModule_AddIntConstant(m, "FS_RM_WORKSPACE", SBX_FS_RM_WORKSPACE) < 0 ||
         PyModule_AddIntConstant(m, "FS_READ_MAX", SBX_FS_READ_MAX) < 0)
         return -1;
 #if defined(__linux__) && !defined(SBX_NO_VFORK)

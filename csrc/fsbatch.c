@@ -1,7 +1,10 @@
 /* fsbatch.c -- the supervisor's directory work, many system calls in one
  * call (see sbx_fs_batch in sbx.h). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,6 +61,113 @@ static int read_whole(struct sbx_fs_step *s)
     return saved;
 }
 
+static int open_kept(struct sbx_fs_step *s, int flags)
+{
+    char scratch[512];
+    ssize_t n;
+    int fd;
+
+    do {
+        fd = open(s->path, flags | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return errno;
+    if (flags == O_RDONLY) {
+        do {
+            n = pread(fd, scratch, sizeof scratch, 0);
+        } while (n < 0 && errno == EINTR);
+        if (n < 0) {
+            int saved = errno;
+
+            close(fd);
+            return saved;
+        }
+    }
+    s->fd = fd;
+    return 0;
+}
+
+/* "<eventfd> <fd of the watched file><arg>" into cgroup.event_control. */
+static int v1_event(const struct sbx_fs_step *s)
+{
+    size_t plen = s->data ? strnlen(s->data, s->len) : 0;
+    const char *arg = plen < s->len ? s->data + plen + 1 : "";
+    size_t alen = plen < s->len ? s->len - plen - 1 : 0;
+    char line[96];
+    int watched, n, err;
+
+    if (!s->data || plen == 0 || plen == s->len || alen > 32 || s->fd < 0)
+        return EINVAL;
+    do {
+        watched = open(s->data, O_RDONLY | O_CLOEXEC);
+    } while (watched < 0 && errno == EINTR);
+    if (watched < 0)
+        return errno;
+    n = snprintf(line, sizeof line, "%d %d%.*s", s->fd, watched, (int)alen, arg);
+    err = n < 0 || (size_t)n >= sizeof line ? EINVAL : write_whole(s->path, line, (size_t)n);
+    close(watched);
+    return err;
+}
+
+/* Whether the directory open as fd holds nothing but `only` (NULL:
+ * nothing): 0, ENOTEMPTY, or the errno listing it failed with.  Takes fd. */
+static int holds_only(int fd, const char *only)
+{
+    struct dirent *e;
+    DIR *d = fdopendir(fd);
+    int err = 0;
+
+    if (!d) {
+        err = errno;
+        close(fd);
+        return err;
+    }
+    errno = 0;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (!only || strcmp(e->d_name, only) != 0) {
+            err = ENOTEMPTY;
+            break;
+        }
+    }
+    if (!e && errno != 0)
+        err = errno;
+    closedir(d);
+    return err;
+}
+
+/* A workspace whose program left nothing: path holding an empty tmp/.
+ * Anything else is left whole (ENOTEMPTY) for the caller's long way; a
+ * file made between the look and the rmdir fails the rmdir the same way. */
+static int rm_workspace(struct sbx_fs_step *s)
+{
+    struct stat st;
+    int dir, tmp, err;
+
+    memset(&st, 0, sizeof st);
+    dir = open(s->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir < 0)
+        return errno;
+    err = holds_only(dup(dir), "tmp");
+    if (err == 0 && fstatat(dir, "tmp", &st, AT_SYMLINK_NOFOLLOW) < 0)
+        err = errno;
+    if (err == 0 && !S_ISDIR(st.st_mode))
+        err = ENOTEMPTY;
+    if (err == 0) {
+        tmp = openat(dir, "tmp", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        err = tmp < 0 ? errno : holds_only(tmp, NULL);
+    }
+    if (err == 0 && unlinkat(dir, "tmp", AT_REMOVEDIR) < 0)
+        err = errno;
+    close(dir);
+    if (err == 0 && rmdir(s->path) < 0)
+        err = errno;
+    if (err == 0)
+        s->len = (size_t)st.st_blocks * 512;
+    return err;
+}
+
 static int run_step(struct sbx_fs_step *s)
 {
     switch (s->op) {
@@ -82,6 +192,17 @@ static int run_step(struct sbx_fs_step *s)
         s->ino = (unsigned long long)st.st_ino;
         return 0;
     }
+    case SBX_FS_OPEN_WRITE:
+        return open_kept(s, O_WRONLY);
+    case SBX_FS_OPEN_READ:
+        return open_kept(s, O_RDONLY);
+    case SBX_FS_V1_EVENT:
+        return v1_event(s);
+    case SBX_FS_CLOSE:
+        /* Linux frees the number even when close is interrupted. */
+        return close(s->fd) < 0 && errno != EINTR ? errno : 0;
+    case SBX_FS_RM_WORKSPACE:
+        return rm_workspace(s);
     default:
         return EINVAL;
     }
@@ -91,8 +212,11 @@ size_t sbx_fs_batch(struct sbx_fs_step *steps, size_t n, int stop_at_error)
 {
     size_t i, failed = 0;
 
-    for (i = 0; i < n; i++)
+    for (i = 0; i < n; i++) {
         steps[i].err = -1;
+        if (steps[i].op == SBX_FS_OPEN_WRITE || steps[i].op == SBX_FS_OPEN_READ)
+            steps[i].fd = -1;
+    }
     for (i = 0; i < n; i++) {
         steps[i].err = run_step(&steps[i]);
         if (steps[i].err != 0) {

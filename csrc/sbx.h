@@ -393,8 +393,8 @@ int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, in
 
 /* ---- file system chores in one call (fsbatch.c) ------------------------ */
 
-/* The supervisor's directory work (cgroups made and removed, workspaces
- * removed) as one call, so that the binding releases the GIL once for all
+/* The supervisor's directory work (cgroups made, armed and removed,
+ * workspaces removed) as one call, so that the binding releases the GIL once for all
  * of it: a thread that takes the GIL back between each of a dozen system
  * calls delays the caller's thread at each of its own. */
 enum sbx_fs_op {
@@ -403,16 +403,28 @@ enum sbx_fs_op {
     SBX_FS_WRITE,          /* open(path, O_WRONLY), write data whole, close */
     SBX_FS_WRITE_OPTIONAL, /* the same; ENOENT counts as done */
     SBX_FS_READ,           /* read the whole file into buf (less than cap bytes) */
-    SBX_FS_STAT            /* stat(path), links followed: dev and ino */
+    SBX_FS_STAT,           /* stat(path), links followed: dev and ino */
+    SBX_FS_OPEN_WRITE,     /* open(path, O_WRONLY), kept: out fd */
+    SBX_FS_OPEN_READ,      /* open(path, O_RDONLY) and read once (which arms
+                            * kernfs's poll), kept: out fd */
+    SBX_FS_V1_EVENT,       /* register eventfd fd for data (the watched file's
+                            * path, then a NUL and what follows the two fds in
+                            * the line) through cgroup.event_control path */
+    SBX_FS_CLOSE,          /* close(fd) */
+    SBX_FS_RM_WORKSPACE    /* rmdir path and its tmp/ if that is all it holds
+                            * (else ENOTEMPTY, nothing removed): out len, the
+                            * bytes tmp/ held (as the size of the tree) */
 };
 struct sbx_fs_step {
     int op; /* SBX_FS_* */
     const char *path;
-    const char *data;            /* SBX_FS_WRITE*: what to write */
-    size_t len;                  /* SBX_FS_READ: out, the bytes read */
-    char *buf;                   /* SBX_FS_READ: where (a file that fills it is EFBIG: */
-    size_t cap;                  /* never a truncated read taken for the whole) */
+    const char *data;            /* SBX_FS_WRITE*: what to write; SBX_FS_V1_EVENT */
+    size_t len;                  /* data's length; out: SBX_FS_READ's bytes read, */
+    char *buf;                   /* SBX_FS_RM_WORKSPACE's size; SBX_FS_READ: where */
+    size_t cap;                  /* (a file that fills it is EFBIG: never a */
+                                 /* truncated read taken for the whole) */
     unsigned long long dev, ino; /* SBX_FS_STAT: out */
+    int fd;                      /* in: SBX_FS_V1_EVENT, SBX_FS_CLOSE; out: SBX_FS_OPEN_* */
     int err;                     /* out: 0, or the errno it failed with (-1: not run) */
 };
 

@@ -46,6 +46,11 @@ FS_WRITE: int
 FS_WRITE_OPTIONAL: int
 FS_READ: int
 FS_STAT: int
+FS_OPEN_WRITE: int
+FS_OPEN_READ: int
+FS_V1_EVENT: int
+FS_CLOSE: int
+FS_RM_WORKSPACE: int
 FS_READ_MAX: int
 
 def spawn(
@@ -123,8 +128,12 @@ def probe(kind: int, arg: int = 0, timeout_ms: int = 1000, /) -> int: ...
 def landlock_abi() -> int: ...
 def cgroup_fs_kind(path: StrOrBytesPath, /) -> int: ...
 def fs_batch(
-    steps: Sequence[tuple[int, StrOrBytesPath, bytes | None]], stop_at_error: bool, /
-) -> list[int | bytes | tuple[int, int]]: ...
+    steps: Sequence[
+        tuple[int, StrOrBytesPath, bytes | None] | tuple[int, StrOrBytesPath, bytes | None, int]
+    ],
+    stop_at_error: bool,
+    /,
+) -> list[int | bytes | tuple[int, int] | tuple[int]]: ...
 def watch_open() -> int: ...
 def watch_add(fd: int, paths: Sequence[StrOrBytesPath], what: int, /) -> list[int]: ...
 def watch_changed(fd: int, skip: Sequence[StrOrBytesPath], /) -> list[int]: ...

@@ -92,3 +92,114 @@ def test_bad_steps_are_refused_before_anything_runs(tmp_path):
     with pytest.raises(ValueError):
         _core.fs_batch([(MK, os.fsencode(tmp_path) + b"/a\0b", None)], False)
     assert not (tmp_path / "x").exists()
+
+
+def _target(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def test_opens_are_kept_close_on_exec_and_closed_by_number(tmp_path):
+    # What Cgroup.arm opens ahead (join files, counters) and remove() closes.
+    f = tmp_path / "f"
+    f.write_bytes(b"5\n")
+    got = _core.fs_batch(
+        [
+            (_core.FS_OPEN_WRITE, f, None),
+            (_core.FS_OPEN_READ, f, None),
+            (_core.FS_OPEN_READ, tmp_path / "no", None),
+        ],
+        False,
+    )
+    assert got[2] == errno.ENOENT
+    (wfd,), (rfd,) = got[0], got[1]
+    try:
+        assert _target(wfd) == _target(rfd) == str(f)
+        assert os.get_inheritable(wfd) is False and os.get_inheritable(rfd) is False
+        assert os.pread(rfd, 10, 0) == b"5\n"
+    finally:
+        out = _core.fs_batch(
+            [(_core.FS_CLOSE, "", None, wfd), (_core.FS_CLOSE, "", None, rfd)], False
+        )
+    assert out == [0, 0]
+    for fd in (wfd, rfd):
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    assert _core.fs_batch([(_core.FS_CLOSE, "", None, wfd)], False) == [errno.EBADF]
+
+
+def test_a_v1_event_line_names_the_eventfd_and_the_watched_file(tmp_path):
+    # cgroup v1's cgroup.event_control takes "<eventfd> <fd of the watched
+    # file>[ <arg>]" in one write; here a plain file shows the line.
+    control, watched = tmp_path / "control", tmp_path / "watched"
+    control.write_bytes(b"")
+    watched.write_bytes(b"")
+    efd = os.eventfd(0, os.EFD_CLOEXEC)
+    try:
+        data = os.fsencode(watched) + b"\0 4096"
+        assert _core.fs_batch([(_core.FS_V1_EVENT, control, data, efd)], False) == [0]
+        line = control.read_bytes().split()
+        assert line[0] == str(efd).encode() and len(line) == 3 and line[2] == b"4096"
+        # The watched file's fd is closed once the line is written.
+        with pytest.raises(OSError):
+            os.fstat(int(line[1]))
+        gone = os.fsencode(tmp_path / "no") + b"\0"
+        assert _core.fs_batch([(_core.FS_V1_EVENT, control, gone, efd)], False) == [errno.ENOENT]
+        # No NUL after the path: refused, nothing written.
+        bad = _core.fs_batch([(_core.FS_V1_EVENT, control, os.fsencode(watched), efd)], False)
+        assert bad == [errno.EINVAL]
+    finally:
+        os.close(efd)
+
+
+def _workspace(tmp_path, name="ws"):
+    ws = tmp_path / name
+    (ws / "tmp").mkdir(parents=True)
+    return ws
+
+
+def test_a_bare_workspace_is_measured_and_removed_in_one_step(tmp_path):
+    ws = _workspace(tmp_path)
+    blocks = os.lstat(ws / "tmp").st_blocks * 512
+    assert _core.fs_batch([(_core.FS_RM_WORKSPACE, ws, None)], False) == [(blocks,)]
+    assert not ws.exists()
+
+
+@pytest.mark.parametrize(
+    ("left", "err"),
+    [
+        ("a file in tmp", errno.ENOTEMPTY),
+        ("a file beside tmp", errno.ENOTEMPTY),
+        ("tmp is a file", errno.ENOTEMPTY),
+        ("tmp is a link", errno.ENOTEMPTY),
+        ("no tmp", errno.ENOENT),
+    ],
+)
+def test_a_workspace_holding_anything_else_is_left_whole(tmp_path, left, err):
+    # The program's files go the long way (Monitor._remove_trash), never
+    # through a link to somewhere else.
+    ws = _workspace(tmp_path)
+    elsewhere = _workspace(tmp_path, "elsewhere")
+    if left == "a file in tmp":
+        (ws / "tmp" / "x").write_bytes(b"x")
+    elif left == "a file beside tmp":
+        (ws / "x").write_bytes(b"x")
+    elif left == "tmp is a file":
+        (ws / "tmp").rmdir()
+        (ws / "tmp").write_bytes(b"")
+    elif left == "tmp is a link":
+        (ws / "tmp").rmdir()
+        (ws / "tmp").symlink_to(elsewhere / "tmp")
+    else:
+        (ws / "tmp").rmdir()
+    before = sorted(p.name for p in ws.iterdir())
+    assert _core.fs_batch([(_core.FS_RM_WORKSPACE, ws, None)], False) == [err]
+    assert sorted(p.name for p in ws.iterdir()) == before
+    assert (elsewhere / "tmp").is_dir()
+
+
+def test_a_workspace_path_that_is_a_link_is_not_followed(tmp_path):
+    real = _workspace(tmp_path, "real")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    assert _core.fs_batch([(_core.FS_RM_WORKSPACE, link, None)], False) == [errno.ENOTDIR]
+    assert (real / "tmp").is_dir() and link.is_symlink()
