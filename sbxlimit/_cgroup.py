@@ -56,6 +56,9 @@ _WANTED = ("memory", "pids", "cpu")
 # tree kill that a fork loop cannot outrun.
 _V1 = ("memory", "pids", "cpu", "cpuacct", "freezer")
 _RDONLY = os.O_RDONLY | os.O_CLOEXEC
+# A step of _core.fs_batch and what it gives back.
+_Step = tuple[int, str, bytes | None] | tuple[int, str, bytes | None, int]
+_Result = int | bytes | tuple[int, int] | tuple[int]
 # kill(until_empty=False): listings at most (each kills what forked since).
 _QUICK_PASSES = 20
 
@@ -471,14 +474,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_fork_waits, after_in_parent=_fork_done, after_in_child=_fork_child)
 
 
-def _close_forgotten(fds: list[int]) -> None:
-    """Close fds the caller has just forgotten, holding _recording from
-    before it forgot them: os.close lets other threads run, and a fork
-    then would leave its child an fd nobody records (an eventfd is in no
-    directory it looks in).  Forgotten first, so that a number given
-    again meanwhile is never taken for ours (Monitor.close_in_child)."""
-    for fd in fds:
-        os.close(fd)
+def _close_all(fds: list[int]) -> None:
+    """Close fds of ours in one core call (the GIL released once).  Those
+    recorded for a fork's child: hold _recording from before they were
+    forgotten (an eventfd is in no directory a child looks in), so that a
+    number given again meanwhile is never taken for ours (Monitor
+    .close_in_child).  Unrecorded files of a cgroup directory of ours need
+    not: a child closes those by their directory."""
+    if fds:
+        _core.fs_batch([(_core.FS_CLOSE, "", None, fd) for fd in fds], False)
 
 
 # Settings a kernel may lack (no swap accounting, older kernels): skipped.
@@ -625,40 +629,121 @@ class Cgroup:
         """Open ahead of need what a sandbox's spawn and supervision open:
         the files its child joins through, and the event fds of `fields`
         (memory, pids).  The supervisor arms the cgroups it makes ahead
-        (_cgpool), off the caller's path.  Best effort: what fails here is
-        opened at the spawn as without arming."""
-        if not self.ready_procs:
-            try:
-                # Each fd kept as it is opened: a fork meanwhile closes it
-                # in its child (Pool.owned).  The caller's own files come
-                # first: past the budget, none is kept (opened at the spawn).
-                self._open_procs(self.ready_procs, budget=fd_budget())
-            except OSError:
-                pass
-        try:
-            covered = self.open_events(fields)
-        except OSError:
-            covered = []
-        for field in fields:
-            path = self.counter_file(field) if field not in covered else None
+        (_cgpool), off the caller's path, in one core call (the GIL
+        released once, not at each of a dozen opens).  Best effort: what
+        fails here is opened at the spawn as without arming."""
+        fields = list(fields)
+        steps, todo = self._event_steps(fields, None)
+        n_events = len(steps)
+        # The join files.  A fork meanwhile closes in its child what the
+        # call opens: files in a cgroup directory of ours (Pool.dirs).
+        join = "tasks" if self.site.version == 1 else "cgroup.procs"
+        procs = [] if self.ready_procs else list(self.dirs.values())
+        steps += [(_core.FS_OPEN_WRITE, os.path.join(d, join), None) for d in procs]
+        # What "nothing hit yet" reads as, for the fields no event covers.
+        counters: list[tuple[str, str]] = []
+        for f in fields:
+            path = self.counter_file(f)
             if path is not None:
-                self.baselines[path] = read_quiet(path)
+                counters.append((f, path))
+        steps += [(_core.FS_READ, path, None) for _f, path in counters]
         # What the caller reads at the exit (kill()): on v1 the task count,
         # kept open; else the process list, read once here (its first
         # lookup in a new cgroup makes the kernel's inode).
-        count = self.dirs.get("pids") if self.site.version == 1 else None
-        if count is not None and self.count_fd < 0:
-            try:
-                fd = os.open(os.path.join(count, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                fd = -1
-            if fd >= fd_budget():
-                os.close(fd)
-            elif fd >= 0:
-                self.count_fd = fd
-        procs = self._procs_path()
-        if procs is not None and self.count_fd < 0:
-            read_quiet(procs)
+        count = self.dirs.get("pids") if self.site.version == 1 and self.count_fd < 0 else None
+        procs_path = self._procs_path() if count is None and self.count_fd < 0 else None
+        if count is not None:
+            steps.append((_core.FS_OPEN_READ, os.path.join(count, "pids.current"), None))
+        elif procs_path is not None:
+            steps.append((_core.FS_READ, procs_path, None))
+        got = _core.fs_batch(steps, False)
+        covered = self._events_opened(fields, todo, got[:n_events])
+        rest = got[n_events:]
+        fds = [r[0] for r in rest[: len(procs)] if type(r) is tuple]
+        budget = fd_budget()
+        if procs and len(fds) == len(procs) and all(fd < budget for fd in fds):
+            # The caller's own files come first: past the budget, none is
+            # kept (opened at the spawn).
+            self.ready_procs = fds
+        else:
+            _close_all(fds)
+        rest = rest[len(procs) :]
+        for (field, path), r in zip(counters, rest, strict=False):
+            if field not in covered:
+                self.baselines[path] = r if type(r) is bytes else b""
+        if count is not None:
+            r = rest[-1]
+            if type(r) is tuple and r[0] < budget:
+                self.count_fd = r[0]
+            elif type(r) is tuple:
+                _close_all([r[0]])
+
+    def _event_steps(
+        self, fields: Iterable[str], warn_at: int | None
+    ) -> tuple[list[_Step], list[str]]:
+        """The core steps that open the event fds of `fields` (see
+        open_events), and the field each is for."""
+        steps: list[_Step] = []
+        todo: list[str] = []
+        v2 = self.site.version == 2
+        for field in fields:
+            if field in self.armed:
+                continue
+            if v2 and field in ("memory", "pids"):
+                path = self._path(field, f"{field}.events")
+                if path is not None:
+                    # Kept open; its read arms kernfs's poll.
+                    steps.append((_core.FS_OPEN_READ, path, None))
+                    todo.append(field)
+            elif field == "memory" and not v2:
+                control = self._path("memory", "cgroup.event_control")
+                try:
+                    efd = self._eventfd()
+                except OSError:
+                    continue
+                watched = [("memory", "memory.oom_control", "")]
+                if warn_at is not None:
+                    watched.append(("warn", "memory.usage_in_bytes", f" {warn_at}"))
+                for what, fname, arg in watched:
+                    path = self._path("memory", fname) or ""
+                    data = os.fsencode(path) + b"\0" + arg.encode()
+                    steps.append((_core.FS_V1_EVENT, control or "", data, efd))
+                    todo.append(what)
+        return steps, todo
+
+    def _events_opened(
+        self, fields: Iterable[str], todo: list[str], got: list[_Result]
+    ) -> list[str]:
+        """Keep what _event_steps' steps opened; the fields now covered."""
+        done: dict[str, bool] = {}
+        for what, r in zip(todo, got, strict=True):
+            if type(r) is tuple:  # an events file opened (v2)
+                try:
+                    self._keep_event(r[0], what)
+                except OSError:
+                    continue
+                done[what] = True
+            else:  # v1: both registrations or neither counts
+                done[what] = r == 0 and done.get(what, True)
+        if not done.get("memory", True):
+            done.pop("warn", None)
+        covered = []
+        for field in [*fields, "warn"]:
+            if field in self.armed or done.get(field):
+                covered.append(field)
+                if field != "warn":
+                    self.armed.add(field)
+        return covered
+
+    def _eventfd(self) -> int:
+        """The eventfd v1 memory events signal (one per cgroup), recorded
+        before a fork can see it."""
+        efd = next((fd for fd, f in self.events if f == "memory"), -1)
+        if efd < 0:
+            with _recording:  # a fork waits until it is recorded
+                efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+                self._keep_event(efd, "memory")
+        return efd
 
     def owned_fds(self) -> dict[int, str | tuple[int, int]]:
         """The fds this cgroup holds, each with what it should still be (a
@@ -997,29 +1082,9 @@ class Cgroup:
 
         Never the last quarter of the fd table: past it the fields stay
         sampled (the caller's own files come first)."""
-        covered: list[str] = []
-        v2 = self.site.version == 2
-        for field in fields:
-            if field in self.armed:
-                covered.append(field)
-                continue
-            try:
-                if v2 and field in ("memory", "pids"):
-                    fd = os.open(self._path(field, f"{field}.events") or "", _RDONLY)
-                    self._keep_event(fd, field)
-                    os.pread(fd, 4096, 0)  # reading arms kernfs's poll
-                elif field == "memory" and not v2:
-                    self._v1_memory_event("memory.oom_control", "")
-                    if warn_at is not None:
-                        self._v1_memory_event("memory.usage_in_bytes", f" {warn_at}")
-                        covered.append("warn")
-                else:
-                    continue
-            except OSError:
-                continue
-            covered.append(field)
-            self.armed.add(field)
-        return covered
+        fields = list(fields)
+        steps, todo = self._event_steps(fields, warn_at)
+        return self._events_opened(fields, todo, _core.fs_batch(steps, False) if steps else [])
 
     def _keep_event(self, fd: int, field: str) -> None:
         try:
@@ -1029,23 +1094,6 @@ class Cgroup:
             os.close(fd)
             raise
         self.events.append((fd, field))
-
-    def _v1_memory_event(self, fname: str, arg: str) -> None:
-        efd = next((fd for fd, f in self.events if f == "memory"), -1)
-        if efd < 0:
-            with _recording:  # a fork waits until it is recorded
-                efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-                self._keep_event(efd, "memory")
-        watched = os.open(self._path("memory", fname) or "", _RDONLY)
-        try:
-            control = self._path("memory", "cgroup.event_control") or ""
-            fd = os.open(control, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.write(fd, f"{efd} {watched}{arg}".encode())
-            finally:
-                os.close(fd)
-        finally:
-            os.close(watched)
 
     def counter_file(self, field: str) -> str | None:
         """The file whose change means `field` (memory, pids) was hit."""
@@ -1063,22 +1111,16 @@ class Cgroup:
             return None
         return os.path.join(parent, "cpu.stat" if want == "" else "cpuacct.usage")
 
-    def close_events(self) -> None:
-        with _recording:  # see _close_forgotten
-            events, self.events = self.events, []
-            self.armed.clear()
-            _close_forgotten([fd for fd, _f in events])
-
     def remove(self) -> bool:
         """rmdir every directory; True when all are gone.  An EBUSY (still
         populated) leaves the rest for a later call."""
-        if self.events:
-            self.close_events()
-        with _recording:  # see _close_forgotten
-            fds = [fd for fd in (self.dirfd, self.count_fd) if fd >= 0] + self.ready_procs
+        with _recording:  # see _close_all
+            fds = [fd for fd, _f in self.events] + self.ready_procs
+            fds += [fd for fd in (self.dirfd, self.count_fd) if fd >= 0]
+            self.events, self.ready_procs = [], []
+            self.armed.clear()
             self.dirfd = self.count_fd = -1
-            self.ready_procs = []
-            _close_forgotten(fds)
+            _close_all(fds)
         # One core call for every directory (the supervisor removes these
         # while callers spawn: the GIL is released once).
         items = list(self.dirs.items())

@@ -221,7 +221,7 @@ Net = tuple[int, int, Sequence[int], int]
 _Key = tuple[int, tuple[tuple[str, int], ...], tuple[int, int, tuple[int, ...], int]]
 # A rule's path now: (st_dev, st_ino), links followed as the core's
 # open(O_PATH) follows them, or the errno its stat failed with.
-_Ident = tuple[int, int] | int | bytes
+_Ident = tuple[int, int] | tuple[int] | int | bytes
 _Stats = list[tuple[int, bytes, None]]
 _rulesets: dict[_Key, tuple[int, tuple[_Ident, ...], _Stats]] = {}
 _rulesets_lock = threading.Lock()

@@ -28,6 +28,7 @@ its pid cannot be reused under us.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import heapq
 import itertools
 import logging
@@ -65,7 +66,7 @@ __all__ = [
 log = logging.getLogger("sbxlimit")
 
 _HAS_PIDFD = hasattr(os, "pidfd_open") and hasattr(select, "epoll")
-_HAS_FS_BATCH = hasattr(_core, "fs_batch")  # the POSIX core's
+_RM_WORKSPACE = getattr(_core, "FS_RM_WORKSPACE", 0)  # the POSIX core's
 # After the last sandbox goes, keep ticking this long before sleeping for
 # good: a burst of spawns then registers without waking the thread.
 _LINGER = 5.0
@@ -997,21 +998,25 @@ class Monitor:
             # Its namespace's teardown first: a workspace still mounted in
             # a live namespace costs its removal an unmount there.
             _namespaces.let_go_of_mounts(mounts)
-            if bare_only and not _workspace.bare(path):
+            # The usual workspace (its empty tmp/) measured and removed in
+            # one core call, the GIL released once; under the size's lock,
+            # so that a caller asking meanwhile waits for the figure.
+            with final_size.lock if final_size is not None else contextlib.nullcontext():
+                got = (
+                    _core.fs_batch([(_RM_WORKSPACE, path, None)], False)[0] if _RM_WORKSPACE else 0
+                )
+                if type(got) is tuple:
+                    if final_size is not None:
+                        final_size.put(got[0])
+                    _workspace.forget(path)
+                    continue
+            if bare_only and not (_RM_WORKSPACE == 0 and _workspace.bare(path)):
                 trees.append((path, -1, final_size))
                 continue
+            # A tree the program left, the long way.
             if final_size is not None:
                 final_size.get()  # the sandbox's outcome asks for it
-            # The usual workspace (its empty tmp/) in one core call, the GIL
-            # released once; a tree the program left, the long way.
-            steps = [
-                (_core.FS_RMDIR, os.path.join(path, "tmp"), None),
-                (_core.FS_RMDIR, path, None),
-            ]
-            if _HAS_FS_BATCH and _core.fs_batch(steps, False)[1] == 0:
-                _workspace.forget(path)
-            else:
-                _workspace.remove(path)
+            _workspace.remove(path)
         return trees
 
     def _retire_tick(self, now: float) -> bool:

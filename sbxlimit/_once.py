@@ -60,6 +60,15 @@ class Once(Generic[T]):
                 _pending.discard(self)
             return self._value
 
+    def put(self, value: T) -> None:
+        """`value` is what compute() would give now: kept unless computed
+        already (hold `lock` from before what `value` was read from moved)."""
+        with self.lock:
+            if self._compute is not None:
+                self._value = value
+                self._compute = None
+                _pending.discard(self)
+
     @property
     def done(self) -> bool:
         return self._compute is None

@@ -945,9 +945,10 @@ def _forked_while_held(monkeypatch, method: str, limits: Limits, inside=None) ->
 
 @needs_cgroup
 def test_a_fork_while_a_cgroup_is_made_ahead_closes_its_files_too(monkeypatch):
-    # Forked while the supervisor arms a cgroup (its join files open, its
-    # events not yet): the child closes what is open of it so far.
-    names = _forked_while_held(monkeypatch, "open_events", Limits(pids=21))
+    # Forked while the supervisor arms a cgroup, right after the core call
+    # that opened its join files and counters, before any is recorded: the
+    # child closes what is open of it all the same.
+    names = _forked_while_held(monkeypatch, "_events_opened", Limits(pids=21))
     assert [n for n in names if n.startswith("/sys/fs/cgroup/") and "/sbx-" in n] == []
 
 
@@ -1013,27 +1014,31 @@ def test_a_fork_waits_for_the_oom_eventfd_to_be_recorded(monkeypatch):
 @needs_cgroup
 @pytest.mark.skipif(SITE.version != 1, reason="cgroup v1's OOM eventfd (v2 polls memory.events)")
 def test_a_fork_waits_for_a_forgotten_eventfd_to_be_closed(monkeypatch):
-    # A cgroup forgets its fds, then closes them; os.close lets the
-    # caller's thread run, and a fork in between would leave its child an
+    # A cgroup forgets its fds, then closes them in a core call that lets
+    # the caller's thread run; a fork in between would leave its child an
     # eventfd nobody lists.  The fork waits (here 0.5 s) for the close.
     import threading
 
-    closing, forked = threading.Event(), threading.Event()
-    real = os.close
+    from sbxlimit import _cgroup
 
-    def slow(fd: int) -> None:
+    closing, forked = threading.Event(), threading.Event()
+    real = _cgroup._close_all
+
+    def slow(fds: list[int]) -> None:
         if threading.current_thread().name == "sbxlimit-monitor" and not closing.is_set():
-            try:
-                what = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                what = ""
-            if what == "anon_inode:[eventfd]":
+            what = []
+            for fd in fds:
+                try:
+                    what.append(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    pass
+            if "anon_inode:[eventfd]" in what:
                 closing.set()
                 forked.wait(0.5)
-        real(fd)
+        real(fds)
 
     get_monitor().drain(5)
-    monkeypatch.setattr(os, "close", slow)
+    monkeypatch.setattr(_cgroup, "_close_all", slow)
     try:
         sbxlimit.run(["true"], limits=Limits(memory="96Mi"))  # its cgroup retires
         assert closing.wait(10), "no eventfd was closed"

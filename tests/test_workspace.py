@@ -184,6 +184,24 @@ def test_the_workspace_s_size_is_measured_by_the_janitor_before_it_removes_it(mo
     assert not os.path.exists(r.workspace)
 
 
+def test_a_workspace_left_bare_is_measured_as_the_supervisor_removes_it(monkeypatch):
+    # The usual workspace (its empty tmp/): no walk, the size comes from the
+    # core call that removes it (Monitor._remove_trash), and it is what a
+    # walk of it would have given.
+    import tempfile
+
+    from sbxlimit._monitor import get_monitor
+
+    measured = _sizes(monkeypatch)
+    r = sbxlimit.run(["true"], policy=POLICY)
+    assert get_monitor().drain(5)
+    assert measured == [] and r.workspace and not os.path.exists(r.workspace)
+    with tempfile.TemporaryDirectory(prefix="sbxlimit-test-") as fresh:
+        os.mkdir(os.path.join(fresh, "tmp"))
+        expected = os.lstat(os.path.join(fresh, "tmp")).st_blocks * 512
+    assert r.usage.disk == expected
+
+
 def test_a_caller_who_asks_before_close_measures_the_workspace_itself(monkeypatch):
     # Asked after the exit, before close: measured where it is, once; the
     # supervisor then removes it without measuring it again.
