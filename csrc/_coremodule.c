@@ -1118,6 +1118,10 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
                 PyErr_SetString(PyExc_TypeError, "fs_batch: data must be bytes or None");
                 goto done;
             }
+            /* Held: another thread may change the list while the GIL is
+             * released, and with it the step that held data. */
+            if (PyList_Append(keep, data) < 0)
+                goto done;
             steps[i].data = PyBytes_AS_STRING(data);
             steps[i].len = (size_t)PyBytes_GET_SIZE(data);
         } else if (op == SBX_FS_WRITE || op == SBX_FS_WRITE_OPTIONAL || op == SBX_FS_V1_EVENT) {
@@ -1146,9 +1150,7 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
         sbx_fs_batch(steps, (size_t)n, stop_at_error);
     Py_END_ALLOW_THREADS
     out = PyList_New(n);
-    if (!out)
-        goto done;
-    for (i = 0; i < n; i++) {
+    for (i = 0; out && i < n; i++) {
         PyObject *err;
 
         if (steps[i].err != 0)

@@ -138,8 +138,9 @@ static int holds_only(int fd, const char *only)
 }
 
 /* A workspace whose program left nothing: path holding an empty tmp/.
- * Anything else is left whole (ENOTEMPTY) for the caller's long way; a
- * file made between the look and the rmdir fails the rmdir the same way. */
+ * Anything else is left whole (ENOTEMPTY).  An entry made in path between
+ * the look and the last rmdir (the program is gone by then: only the
+ * caller's own code could) fails that rmdir the same way, tmp/ removed. */
 static int rm_workspace(struct sbx_fs_step *s)
 {
     struct stat st;
@@ -149,14 +150,17 @@ static int rm_workspace(struct sbx_fs_step *s)
     dir = open(s->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (dir < 0)
         return errno;
-    err = holds_only(dup(dir), "tmp");
-    if (err == 0 && fstatat(dir, "tmp", &st, AT_SYMLINK_NOFOLLOW) < 0)
-        err = errno;
-    if (err == 0 && !S_ISDIR(st.st_mode))
-        err = ENOTEMPTY;
+    tmp = fcntl(dir, F_DUPFD_CLOEXEC, 0); /* fdopendir takes it */
+    err = tmp < 0 ? errno : holds_only(tmp, "tmp");
     if (err == 0) {
         tmp = openat(dir, "tmp", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        err = tmp < 0 ? errno : holds_only(tmp, NULL);
+        if (tmp < 0)
+            err = errno == ENOTDIR || errno == ELOOP ? ENOTEMPTY : errno;
+        else if (fstat(tmp, &st) < 0) {
+            err = errno;
+            close(tmp);
+        } else
+            err = holds_only(tmp, NULL);
     }
     if (err == 0 && unlinkat(dir, "tmp", AT_REMOVEDIR) < 0)
         err = errno;

@@ -412,8 +412,8 @@ enum sbx_fs_op {
                             * the line) through cgroup.event_control path */
     SBX_FS_CLOSE,          /* close(fd) */
     SBX_FS_RM_WORKSPACE    /* rmdir path and its tmp/ if that is all it holds
-                            * (else ENOTEMPTY, nothing removed): out len, the
-                            * bytes tmp/ held (as the size of the tree) */
+                            * (else ENOTEMPTY; see fsbatch.c for a race): out
+                            * len, the bytes tmp/ held (the tree's size) */
 };
 struct sbx_fs_step {
     int op; /* SBX_FS_* */

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import errno
+import logging
 import os
 import resource
 import signal
@@ -56,6 +57,7 @@ _WANTED = ("memory", "pids", "cpu")
 # tree kill that a fork loop cannot outrun.
 _V1 = ("memory", "pids", "cpu", "cpuacct", "freezer")
 _RDONLY = os.O_RDONLY | os.O_CLOEXEC
+log = logging.getLogger("sbxlimit")
 # A step of _core.fs_batch and what it gives back.
 _Step = tuple[int, str, bytes | None] | tuple[int, str, bytes | None, int]
 _Result = int | bytes | tuple[int, int] | tuple[int]
@@ -482,7 +484,10 @@ def _close_all(fds: list[int]) -> None:
     .close_in_child).  Unrecorded files of a cgroup directory of ours need
     not: a child closes those by their directory."""
     if fds:
-        _core.fs_batch([(_core.FS_CLOSE, "", None, fd) for fd in fds], False)
+        errs = _core.fs_batch([(_core.FS_CLOSE, "", None, fd) for fd in fds], False)
+        for fd, err in zip(fds, errs, strict=True):
+            if type(err) is int and err:  # closed twice: our records are wrong somewhere
+                log.warning("sbxlimit: closing fd %d: %s", fd, os.strerror(err))
 
 
 # Settings a kernel may lack (no swap accounting, older kernels): skipped.
@@ -634,7 +639,6 @@ class Cgroup:
         fails here is opened at the spawn as without arming."""
         fields = list(fields)
         steps, todo = self._event_steps(fields, None)
-        n_events = len(steps)
         # The join files.  A fork meanwhile closes in its child what the
         # call opens: files in a cgroup directory of ours (Pool.dirs).
         join = "tasks" if self.site.version == 1 else "cgroup.procs"
@@ -657,21 +661,39 @@ class Cgroup:
         elif procs_path is not None:
             steps.append((_core.FS_READ, procs_path, None))
         got = _core.fs_batch(steps, False)
-        covered = self._events_opened(fields, todo, got[:n_events])
-        rest = got[n_events:]
-        fds = [r[0] for r in rest[: len(procs)] if type(r) is tuple]
+        try:
+            self._take_armed(fields, todo, got, len(procs), counters, count is not None)
+        except BaseException:
+            # Whatever was opened and is not kept yet is nobody's.
+            kept = {fd for fd, _f in self.events} | set(self.ready_procs) | {self.count_fd}
+            _close_all([r[0] for r in got if type(r) is tuple and len(r) == 1 and r[0] not in kept])
+            raise
+
+    def _take_armed(
+        self,
+        fields: list[str],
+        todo: list[str],
+        got: list[_Result],
+        n_procs: int,
+        counters: list[tuple[str, str]],
+        count: bool,
+    ) -> None:
+        """Keep what arm()'s core call opened and read."""
+        covered = self._events_opened(fields, todo, got[: len(todo)])
+        rest = got[len(todo) :]
+        fds = [r[0] for r in rest[:n_procs] if type(r) is tuple]
         budget = fd_budget()
-        if procs and len(fds) == len(procs) and all(fd < budget for fd in fds):
+        if n_procs and len(fds) == n_procs and all(fd < budget for fd in fds):
             # The caller's own files come first: past the budget, none is
             # kept (opened at the spawn).
             self.ready_procs = fds
         else:
             _close_all(fds)
-        rest = rest[len(procs) :]
+        rest = rest[n_procs:]
         for (field, path), r in zip(counters, rest, strict=False):
             if field not in covered:
                 self.baselines[path] = r if type(r) is bytes else b""
-        if count is not None:
+        if count:
             r = rest[-1]
             if type(r) is tuple and r[0] < budget:
                 self.count_fd = r[0]
@@ -723,8 +745,11 @@ class Cgroup:
                 except OSError:
                     continue
                 done[what] = True
-            else:  # v1: both registrations or neither counts
-                done[what] = r == 0 and done.get(what, True)
+            else:  # v1: a registration on the eventfd
+                done[what] = r == 0
+        # The warning rides on the OOM registration's eventfd: without it,
+        # sampled (a threshold registered all the same only signals an
+        # eventfd nobody watches).
         if not done.get("memory", True):
             done.pop("warn", None)
         covered = []

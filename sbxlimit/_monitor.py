@@ -28,7 +28,6 @@ its pid cannot be reused under us.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import heapq
 import itertools
 import logging
@@ -1000,8 +999,14 @@ class Monitor:
             _namespaces.let_go_of_mounts(mounts)
             # The usual workspace (its empty tmp/) measured and removed in
             # one core call, the GIL released once; under the size's lock,
-            # so that a caller asking meanwhile waits for the figure.
-            with final_size.lock if final_size is not None else contextlib.nullcontext():
+            # so that a caller asking meanwhile waits for the figure.  This
+            # thread never waits for it (a caller measuring a tree holds
+            # it): the janitor takes the workspace then.
+            lock = final_size.lock if final_size is not None else None
+            if lock is not None and not lock.acquire(blocking=not bare_only):
+                trees.append((path, -1, final_size))
+                continue
+            try:
                 got = (
                     _core.fs_batch([(_RM_WORKSPACE, path, None)], False)[0] if _RM_WORKSPACE else 0
                 )
@@ -1010,6 +1015,9 @@ class Monitor:
                         final_size.put(got[0])
                     _workspace.forget(path)
                     continue
+            finally:
+                if lock is not None:
+                    lock.release()
             if bare_only and not (_RM_WORKSPACE == 0 and _workspace.bare(path)):
                 trees.append((path, -1, final_size))
                 continue

@@ -1189,31 +1189,81 @@ def test_a_pids_limit_past_the_kernels_bound_runs():
 
 @pytest.mark.skipif(SITE.version != 1, reason="v1's task count (v2 writes cgroup.kill)")
 def test_a_number_closed_and_given_again_is_not_claimed_by_the_cgroup(monkeypatch):
-    # os.close lets another thread run: one that opens a file gets the
-    # number just closed, and a fork then would close that file in its
-    # child if the cgroup still listed the number as its own.
+    # A close lets another thread run (the core call releases the GIL): one
+    # that opens a file gets the number just closed, and a fork then would
+    # close that file in its child if the cgroup still listed the number
+    # as its own.
     cg = Cgroup.create(SITE, f"sbx-{os.getpid():x}-reuse", ())
     cg.arm(())
     assert cg.count_fd >= 0
     import sbxlimit._cgroup as cgmod
 
-    real_close = os.close
+    real_close_all = cgmod._close_all
     claimed: list[int] = []
+    closed: list[int] = []
 
-    def close_then_reuse(fd: int) -> None:
-        real_close(fd)
-        other = os.open(os.devnull, os.O_RDONLY)  # the same number, most likely
-        try:
-            if other == fd and fd in cg.owned_fds():
-                claimed.append(fd)
-        finally:
-            real_close(other)
+    def close_then_reuse(fds: list[int]) -> None:
+        real_close_all(fds)
+        for fd in fds:
+            other = os.open(os.devnull, os.O_RDONLY)  # the same number, most likely
+            try:
+                closed.append(fd)
+                if other == fd and fd in cg.owned_fds():
+                    claimed.append(fd)
+            finally:
+                os.close(other)
 
-    monkeypatch.setattr(cgmod.os, "close", close_then_reuse)
+    monkeypatch.setattr(cgmod, "_close_all", close_then_reuse)
     try:
         cg.remove()
     finally:
-        monkeypatch.setattr(cgmod.os, "close", real_close)
+        monkeypatch.setattr(cgmod, "_close_all", real_close_all)
         cg.kill()
         cg.remove()
-    assert claimed == []
+    assert closed and claimed == []
+
+
+@needs_cgroup
+def test_a_cgroup_armed_past_the_fd_budget_keeps_nothing_and_leaks_nothing():
+    # The last quarter of the fd table is the caller's: arming there opens
+    # (in one core call) and closes again everything, events included.
+    import resource
+
+    cg = Cgroup.create(SITE, f"sbx-{os.getpid():x}-budget", ())
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers = []
+    try:
+        while True:  # the next fd numbers are all past the budget
+            low = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            if low >= (low + 16) * 3 // 4:
+                os.close(low)
+                break
+            fillers.append(low)
+        eventfds = _open_eventfds()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low + 16, hard))
+        try:
+            cg.arm(["memory", "pids"])
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert cg.ready_procs == [] and cg.count_fd == -1 and cg.events == []
+        dirs = set(cg.dirs.values())
+        assert [t for t in _fd_targets().values() if os.path.dirname(t) in dirs] == []
+        assert _open_eventfds() <= eventfds
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        cg.remove()
+
+
+def _fd_targets() -> dict[int, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def _open_eventfds() -> set[int]:
+    return {fd for fd, t in _fd_targets().items() if t == "anon_inode:[eventfd]"}

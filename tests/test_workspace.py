@@ -185,21 +185,26 @@ def test_the_workspace_s_size_is_measured_by_the_janitor_before_it_removes_it(mo
 
 
 def test_a_workspace_left_bare_is_measured_as_the_supervisor_removes_it(monkeypatch):
-    # The usual workspace (its empty tmp/): no walk, the size comes from the
-    # core call that removes it (Monitor._remove_trash), and it is what a
-    # walk of it would have given.
+    # The usual workspace (its empty tmp/, here grown by files made and
+    # removed): no walk, the size comes from the core call that removes it
+    # (Monitor._remove_trash), and it is what a walk of it would give.
     import tempfile
 
     from sbxlimit._monitor import get_monitor
 
-    measured = _sizes(monkeypatch)
-    r = sbxlimit.run(["true"], policy=POLICY)
-    assert get_monitor().drain(5)
-    assert measured == [] and r.workspace and not os.path.exists(r.workspace)
+    grow = "cd tmp && for i in $(seq 300); do : > a-rather-long-name-$i; done && rm -f a-*"
     with tempfile.TemporaryDirectory(prefix="sbxlimit-test-") as fresh:
         os.mkdir(os.path.join(fresh, "tmp"))
-        expected = os.lstat(os.path.join(fresh, "tmp")).st_blocks * 512
-    assert r.usage.disk == expected
+        empty = os.lstat(os.path.join(fresh, "tmp")).st_blocks * 512
+    measured = _sizes(monkeypatch)
+    r = sbxlimit.run(["sh", "-c", grow], policy=POLICY)
+    assert r.returncode == 0
+    assert get_monitor().drain(5)
+    assert measured == [] and r.workspace and not os.path.exists(r.workspace)
+    if empty == 0:
+        pytest.skip("directories take no blocks here (tmpfs): the size would prove nothing")
+    assert r.usage.disk > empty
+    assert measured == []
 
 
 def test_a_caller_who_asks_before_close_measures_the_workspace_itself(monkeypatch):
@@ -446,3 +451,43 @@ def test_a_relative_program_is_found_from_the_callers_directory(tmp_path, monkey
     (tmp_path / "sub").mkdir()
     with pytest.raises(FileNotFoundError):
         sbxlimit.Popen(["./prog"], policy=POLICY, cwd=str(tmp_path / "sub"))
+
+
+def test_the_supervisor_never_waits_for_a_caller_measuring_a_workspace(tmp_path):
+    # A caller asking for a tree's size walks it holding the figure's lock
+    # (seconds for a program's million files): the supervisor's pass over
+    # the trash leaves that workspace to the janitor rather than wait, so
+    # every other sandbox's timers go on.
+    from sbxlimit import _workspace
+    from sbxlimit._monitor import get_monitor
+
+    trash = tmp_path / "sbxlimit-1-x.removing"
+    (trash / "tmp").mkdir(parents=True)
+    size = _workspace.FinalSize(str(trash))
+    held, release = threading.Event(), threading.Event()
+
+    def caller() -> None:
+        with size.lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=caller)
+    t.start()
+    try:
+        assert held.wait(5)
+        out: list[object] = []
+        sup = threading.Thread(
+            target=lambda: out.append(
+                get_monitor()._remove_trash([(str(trash), -1, size)], bare_only=True)
+            )
+        )
+        sup.start()
+        sup.join(5)
+        assert not sup.is_alive(), "the supervisor's pass waited for the caller's measure"
+        assert out == [[(str(trash), -1, size)]] and trash.is_dir()
+    finally:
+        release.set()
+        t.join()
+    # The janitor's pass may wait: it measures, then removes.
+    assert get_monitor()._remove_trash([(str(trash), -1, size)], bare_only=False) == []
+    assert not trash.exists() and size.done
