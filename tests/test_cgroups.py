@@ -23,7 +23,7 @@ from sbxlimit._cgroup import _V1, Cgroup, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
 
-from .conftest import alive, wait_gone
+from .conftest import _fds, alive, wait_gone
 
 PY = sys.executable
 SITE = discover()
@@ -1247,7 +1247,7 @@ def test_a_cgroup_armed_past_the_fd_budget_keeps_nothing_and_leaks_nothing():
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert cg.ready_procs == [] and cg.count_fd == -1 and cg.events == []
         dirs = set(cg.dirs.values())
-        assert [t for t in _fd_targets().values() if os.path.dirname(t) in dirs] == []
+        assert [t for t in _fds().values() if os.path.dirname(t) in dirs] == []
         assert _open_eventfds() <= eventfds
     finally:
         for fd in fillers:
@@ -1255,15 +1255,5 @@ def test_a_cgroup_armed_past_the_fd_budget_keeps_nothing_and_leaks_nothing():
         cg.remove()
 
 
-def _fd_targets() -> dict[int, str]:
-    out = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return out
-
-
 def _open_eventfds() -> set[int]:
-    return {fd for fd, t in _fd_targets().items() if t == "anon_inode:[eventfd]"}
+    return {fd for fd, t in _fds().items() if t == "anon_inode:[eventfd]"}
