@@ -394,9 +394,9 @@ int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, in
 /* ---- file system chores in one call (fsbatch.c) ------------------------ */
 
 /* The supervisor's directory work (cgroups made, armed and removed,
- * workspaces removed) as one call, so that the binding releases the GIL once for all
- * of it: a thread that takes the GIL back between each of a dozen system
- * calls delays the caller's thread at each of its own. */
+ * workspaces removed) as one call, so that the binding releases the GIL
+ * once for all of it: a thread that takes the GIL back between each of a
+ * dozen system calls delays the caller's thread at each of its own. */
 enum sbx_fs_op {
     SBX_FS_MKDIR = 1,      /* mkdir(path, 0755) */
     SBX_FS_RMDIR,          /* rmdir(path) */

@@ -56,7 +56,6 @@ _WANTED = ("memory", "pids", "cpu")
 # v1: the limit controllers, plus cpuacct for CPU usage and freezer for a
 # tree kill that a fork loop cannot outrun.
 _V1 = ("memory", "pids", "cpu", "cpuacct", "freezer")
-_RDONLY = os.O_RDONLY | os.O_CLOEXEC
 log = logging.getLogger("sbxlimit")
 # A step of _core.fs_batch and what it gives back.
 _Step = tuple[int, str, bytes | None] | tuple[int, str, bytes | None, int]
@@ -641,9 +640,8 @@ class Cgroup:
         steps, todo = self._event_steps(fields, None)
         # The join files.  A fork meanwhile closes in its child what the
         # call opens: files in a cgroup directory of ours (Pool.dirs).
-        join = "tasks" if self.site.version == 1 else "cgroup.procs"
-        procs = [] if self.ready_procs else list(self.dirs.values())
-        steps += [(_core.FS_OPEN_WRITE, os.path.join(d, join), None) for d in procs]
+        procs = [] if self.ready_procs else self._join_files()
+        steps += [(_core.FS_OPEN_WRITE, path, None) for path in procs]
         # What "nothing hit yet" reads as, for the fields no event covers.
         counters: list[tuple[str, str]] = []
         for f in fields:
@@ -802,22 +800,23 @@ class Cgroup:
             return fds
         return self._open_procs()
 
-    def _open_procs(self, fds: list[int] | None = None, budget: int | None = None) -> list[int]:
-        """The join files, opened into `fds` (a new list by default);
-        `budget`: an fd number none may reach (EMFILE, none kept)."""
-        fname = "tasks" if self.site.version == 1 else "cgroup.procs"
-        fds = [] if fds is None else fds
-        try:
-            for path in self.dirs.values():
-                fds.append(os.open(os.path.join(path, fname), os.O_WRONLY | os.O_CLOEXEC))
-                if budget is not None and fds[-1] >= budget:
-                    raise OSError(errno.EMFILE, "fd table three quarters full")
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            fds.clear()
-            raise
+    def _open_procs(self) -> list[int]:
+        """The join files, opened in one core call; OSError naming the
+        first that failed (none kept)."""
+        paths = self._join_files()
+        got = _core.fs_batch([(_core.FS_OPEN_WRITE, path, None) for path in paths], True)
+        fds = [r[0] for r in got if type(r) is tuple]
+        if len(fds) < len(paths):
+            _close_all(fds)
+            err = next((r for r in got if type(r) is int and r > 0), errno.EIO)
+            raise OSError(err, os.strerror(err), paths[len(fds)])
         return fds
+
+    def _join_files(self) -> list[str]:
+        """The file of each directory the child joins through: on v1
+        ``tasks``, on v2 ``cgroup.procs`` (see procs_fds)."""
+        join = "tasks" if self.site.version == 1 else "cgroup.procs"
+        return [os.path.join(d, join) for d in self.dirs.values()]
 
     def _path(self, ctrl: str, fname: str) -> str | None:
         # Memoized: usage() asks for the same seven files at every call.

@@ -1255,5 +1255,23 @@ def test_a_cgroup_armed_past_the_fd_budget_keeps_nothing_and_leaks_nothing():
         cg.remove()
 
 
+@needs_cgroup
+def test_a_join_file_that_cannot_be_opened_is_named_and_the_others_closed():
+    # The spawn's own join files (no cgroup armed ahead) are opened in one
+    # core call: a failure names the file (the spawn's "cgroup:create"
+    # error) and leaves none of the others open.
+    cg = Cgroup.create(SITE, f"sbx-{os.getpid():x}-join", ())
+    try:
+        last = list(cg.dirs.values())[-1]
+        os.rmdir(last)
+        with pytest.raises(FileNotFoundError) as err:
+            cg.procs_fds()
+        assert err.value.filename == cg._join_files()[-1]
+        dirs = set(cg.dirs.values())
+        assert [t for t in _fds().values() if os.path.dirname(t) in dirs] == []
+    finally:
+        cg.remove()
+
+
 def _open_eventfds() -> set[int]:
     return {fd for fd, t in _fds().items() if t == "anon_inode:[eventfd]"}
