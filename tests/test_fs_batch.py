@@ -218,3 +218,51 @@ def test_a_workspace_path_that_is_a_link_is_not_followed(tmp_path):
     link.symlink_to(real)
     assert _core.fs_batch([(_core.FS_RM_WORKSPACE, link, None)], False) == [errno.ENOTDIR]
     assert (real / "tmp").is_dir() and link.is_symlink()
+
+
+def test_an_events_file_opened_for_reading_wakes_a_poller_only_on_change():
+    # v2's memory.events and pids.events (Cgroup.arm): kernfs reports a
+    # change since the last read, so the open's read is what arms it.  Here
+    # cgroup.events, which every v2 cgroup has, changes when one joins.
+    import select
+    import time
+
+    from sbxlimit._cgroupfs import v2_mount
+
+    mount = v2_mount()
+    if mount is None or not os.access(mount, os.W_OK):
+        pytest.skip("no cgroup2 mount this process may write")
+    d = os.path.join(mount, f"sbx-{os.getpid():x}-events")
+    os.mkdir(d)
+    try:
+        ((fd,),) = _core.fs_batch(
+            [(_core.FS_OPEN_READ, os.path.join(d, "cgroup.events"), None)], False
+        )
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLPRI)
+            assert poller.poll(50) == []
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                        f.write("0")
+                    time.sleep(0.2)
+                finally:
+                    os._exit(0)
+            try:
+                assert poller.poll(5000) != []
+            finally:
+                os.waitpid(pid, 0)
+        finally:
+            os.close(fd)
+    finally:
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                os.rmdir(d)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
