@@ -10,14 +10,23 @@
 
 #include "sbx.h"
 
+/* open(path, flags | O_CLOEXEC), again if a signal interrupts it. */
+static int open_cloexec(const char *path, int flags)
+{
+    int fd;
+
+    do {
+        fd = open(path, flags | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
 static int write_whole(const char *path, const char *data, size_t len)
 {
     int fd, saved;
     ssize_t n;
 
-    do {
-        fd = open(path, O_WRONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
+    fd = open_cloexec(path, O_WRONLY);
     if (fd < 0)
         return errno;
     /* kernfs and cgroupfs take a value in one write(): a short one is an
@@ -36,9 +45,7 @@ static int read_whole(struct sbx_fs_step *s)
     ssize_t n;
 
     s->len = 0;
-    do {
-        fd = open(s->path, O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
+    fd = open_cloexec(s->path, O_RDONLY);
     if (fd < 0)
         return errno;
     for (;;) {
@@ -67,9 +74,7 @@ static int open_kept(struct sbx_fs_step *s, int flags)
     ssize_t n;
     int fd;
 
-    do {
-        fd = open(s->path, flags | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
+    fd = open_cloexec(s->path, flags);
     if (fd < 0)
         return errno;
     if (flags == O_RDONLY) {
@@ -98,9 +103,7 @@ static int v1_event(const struct sbx_fs_step *s)
 
     if (!s->data || plen == 0 || plen == s->len || alen > 32 || s->fd < 0)
         return EINVAL;
-    do {
-        watched = open(s->data, O_RDONLY | O_CLOEXEC);
-    } while (watched < 0 && errno == EINTR);
+    watched = open_cloexec(s->data, O_RDONLY);
     if (watched < 0)
         return errno;
     n = snprintf(line, sizeof line, "%d %d%.*s", s->fd, watched, (int)alen, arg);
@@ -147,7 +150,7 @@ static int rm_workspace(struct sbx_fs_step *s)
     int dir, tmp, err;
 
     memset(&st, 0, sizeof st);
-    dir = open(s->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    dir = open_cloexec(s->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (dir < 0)
         return errno;
     tmp = fcntl(dir, F_DUPFD_CLOEXEC, 0); /* fdopendir takes it */
