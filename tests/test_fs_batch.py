@@ -11,6 +11,8 @@ import pytest
 
 from sbxlimit import _core
 
+from .conftest import why_not
+
 pytestmark = pytest.mark.skipif(not hasattr(_core, "fs_batch"), reason="the POSIX core's")
 MK, RM, W, WO, R = (
     _core.FS_MKDIR,
@@ -231,7 +233,7 @@ def test_an_events_file_opened_for_reading_wakes_a_poller_only_on_change():
 
     mount = v2_mount()
     if mount is None or not os.access(mount, os.W_OK):
-        pytest.skip("no cgroup2 mount this process may write")
+        pytest.skip(f"no cgroup2 mount this process may write; {why_not('cgroups')}")
     d = os.path.join(mount, f"sbx-{os.getpid():x}-events")
     os.mkdir(d)
     try:
