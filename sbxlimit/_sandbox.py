@@ -570,6 +570,8 @@ class Sandbox:
                 fail_step,
                 fail_errno,
             )
+            if self.cgroup is not None:
+                self.cgroup.spawned()
             if failure is None and pid > 0 and p.ns_flags & CLONE_NEWNS:
                 self.mnt_hold = _namespaces.hold_mounts(pid, mnt_ns)
             if ns is not None and failure is None and pid != 0:
