@@ -33,6 +33,15 @@ def _needs(*controllers: str) -> None:
             pytest.skip(f"the {c} controller is not delegated here")
 
 
+def _takes(mib: int) -> str:
+    """Python code that takes `mib` MiB at once, its pages populated in one
+    system call: a bytearray faults them in one at a time, some 50 us each
+    in the User-Mode-Linux guest (64 MiB in 3.7 s), slower than these
+    tests' deadlines."""
+    flags = "mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE"
+    return f"import mmap\nb = mmap.mmap(-1, {mib} << 20, flags={flags})\n"
+
+
 def _wakeups_in_a_second(procs: list[sbxlimit.Popen]) -> int:
     """The supervisor's loop iterations in one second, counted (not timed)
     once the first wake-ups (ready cgroups, first samples) are past."""
@@ -157,8 +166,9 @@ def test_event_fds_never_take_the_last_quarter_of_the_fd_table():
         procs = [sbxlimit.Popen(["sleep", "60"], limits=lim) for _ in range(45)]
         high = max(int(fd) for fd in os.listdir("/proc/self/fd"))
         batched = sum(bool(p._sbx.watch.read_paths) for p in procs)
-        hog = "import os\\nif os.fork() == 0:\\n b = bytearray(256 << 20)\\n os._exit(0)\\n"
-        hog += "os.wait()\\nimport time\\ntime.sleep(120)"
+        hog = "import mmap, os\\nif os.fork() == 0:\\n"
+        hog += " b = mmap.mmap(-1, 256 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS"
+        hog += " | mmap.MAP_POPULATE)\\n os._exit(0)\\nos.wait()\\nimport time\\ntime.sleep(120)"
         # Its own wall_time comes before the others' end (and with it, CPU
         # used in the parent cgroup that would say "read the counters").
         hog_lim = sbxlimit.Limits(memory="64Mi", wall_time=20)
@@ -377,8 +387,11 @@ def test_a_watch_armed_ahead_is_installed_by_the_supervisor_and_enforced(monkeyp
     assert r.termination.reason == "wall_time", r.termination
     assert installers == ["sbxlimit-monitor"], installers
     _warm_pool(limits)
-    code = "b = bytearray(256 << 20); import time; time.sleep(30)"
-    r = sbxlimit.run([sys.executable, "-c", code], limits=limits, sample_interval=60)
+    code = _takes(256) + "import time\ntime.sleep(30)"
+    # The same cgroup settings; time for the interpreter to start (0.6 s in
+    # the UML guest).
+    hog_limits = {**limits, "wall_time": 30}
+    r = sbxlimit.run([sys.executable, "-c", code], limits=hog_limits, sample_interval=60)
     assert r.termination.reason == "memory", r.termination
 
 
@@ -468,7 +481,7 @@ def _deadline_keeper(marker: str, wall_time: float) -> sbxlimit.Popen:
 def test_an_oom_kill_before_the_install_is_acted_on_at_once(tmp_path, monkeypatch):
     # The OOM event of a watch left to the supervisor's next pass goes into
     # its epoll at the registration: it must not wait for that pass (here
-    # planned at another sandbox's deadline, 1.5 s away; samples 5 s apart;
+    # planned at another sandbox's deadline, 3 s away; samples 5 s apart;
     # and no wake-up at the spawn, as when the pools need no refill).
     _needs("memory")
     from sbxlimit._monitor import Monitor
@@ -476,10 +489,11 @@ def test_an_oom_kill_before_the_install_is_acted_on_at_once(tmp_path, monkeypatc
     limits = {"memory": "64Mi"}
     _warm_pool(limits)
     marker = str(tmp_path / "deadline")
-    keeper = _deadline_keeper(marker, 1.5)
+    keeper = _deadline_keeper(marker, 3.0)
     try:
         time.sleep(0.2)
-        hog = "import os, time\nif os.fork() == 0:\n b = bytearray(256 << 20)\ntime.sleep(30)"
+        take = _takes(256).replace("\n", "\n ")
+        hog = f"import os, time\nif os.fork() == 0:\n {take}\ntime.sleep(30)"
         with monkeypatch.context() as m:
             m.setattr(Monitor, "settle", lambda self: None)
             p = sbxlimit.Popen([sys.executable, "-c", hog], limits=limits, sample_interval=5)
@@ -495,17 +509,18 @@ def test_a_tree_s_first_sample_counts_from_its_start_not_its_install(tmp_path):
     # from the start.  Installed at the supervisor's next pass (here at
     # another sandbox's deadline, just before that first sample), the
     # watch must still sample then, not an interval after the install.
-    waker = _deadline_keeper(str(tmp_path / "first"), 0.95)
+    # Two seconds apart: the UML guest takes one to start the four.
+    waker = _deadline_keeper(str(tmp_path / "first"), 1.95)
     marker = str(tmp_path / "deadline")
-    keeper = _deadline_keeper(marker, 1.6)
+    keeper = _deadline_keeper(marker, 3.2)
     try:
         time.sleep(0.05)
-        hog = "import os, time\nos.fork(); os.fork()\nb = bytearray(30 << 20)\ntime.sleep(30)"
+        hog = "import os, time\nos.fork(); os.fork()\n" + _takes(30) + "time.sleep(30)"
         r = sbxlimit.run(
             [sys.executable, "-c", hog],
             limits={"memory": "64Mi"},
             cgroup_parent="none",
-            sample_interval=1.0,
+            sample_interval=2.0,
         )
         assert r.termination.reason == "memory", r.termination
         assert not os.path.exists(marker), "the first sample came an interval late"
