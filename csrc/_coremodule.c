@@ -984,8 +984,8 @@ PyDoc_STRVAR(watch_add_doc,
              "Watch each of paths on the inotify fd (what: 1 (True) their entries,\n"
              "0 (False) the files' contents, WATCH_SELF each file or directory\n"
              "itself), the GIL released once; returns each one's watch\n"
-             "descriptor, or -errno (-EXDEV: a filesystem whose changes this kernel\n"
-             "may not see).");
+             "descriptor, or -errno.  On a filesystem whose changes this kernel may\n"
+             "not all see (network, FUSE), the descriptor has WATCH_REMOTE set.");
 
 static PyObject *core_watch_add(PyObject *self, PyObject *args)
 {
@@ -1578,6 +1578,7 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "VIEW_TMPFS", SBX_VIEW_TMPFS) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_PIN", SBX_VIEW_PIN) < 0 ||
         PyModule_AddIntConstant(m, "WATCH_SELF", SBX_WATCH_SELF) < 0 ||
+        PyModule_AddIntConstant(m, "WATCH_REMOTE", SBX_WATCH_REMOTE) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_MAX_RW", SBX_VIEW_MAX_RW) < 0 ||
         PyModule_AddIntConstant(m, "HOW_VM", SBX_HOW_VM) < 0 ||
         PyModule_AddIntConstant(m, "HOW_CLONE3", SBX_HOW_CLONE3) < 0 ||

@@ -446,9 +446,11 @@ int sbx_watch_open(void);
  * SBX_WATCH_CONTENT a file's content, SBX_WATCH_SELF only the file or
  * directory itself (removed, moved, its links or attributes changed; the
  * path itself, not a link's target).  Returns the watch descriptor, or
- * -errno: -EXDEV where the filesystem is one whose changes this kernel may
- * not see (network, FUSE). */
+ * -errno.  Where the filesystem is one whose changes this kernel may not
+ * all see (network, FUSE: another client's), the descriptor comes with
+ * SBX_WATCH_REMOTE set: what this kernel changes there is still seen. */
 enum { SBX_WATCH_CONTENT = 0, SBX_WATCH_ENTRIES = 1, SBX_WATCH_SELF = 2 };
+#define SBX_WATCH_REMOTE (1 << 30)
 int sbx_watch_add(int fd, const char *path, int what);
 
 /* 1 if the mount table that fd (an open /proc/thread-self/mountinfo)

@@ -35,6 +35,7 @@ VIEW_HIDE: int
 VIEW_TMPFS: int
 VIEW_PIN: int
 WATCH_SELF: int
+WATCH_REMOTE: int
 VIEW_MAX_RW: int
 HOW_VM: int
 HOW_CLONE3: int

@@ -168,13 +168,26 @@ def _search(root: str, budget: list[int], watch: _Watching | None = None) -> tup
 
 
 class _Watching:
-    """The watches of one search: exact while every one was had."""
+    """The watches of one search: exact while every one was had on a
+    filesystem whose every change this kernel sees.  On a network
+    filesystem the watches still see what this machine changes (the
+    caller's own `git init`); what another client changes, only the TTL
+    bounds."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.exact = True
+        self.complete = True  # every watch was had
+        self.remote = False  # one is on a network filesystem
         self.wds: set[int] = set()
+        # What a network filesystem's paths looked like when watched: some
+        # (User-Mode Linux's hostfs) report no change at all, even this
+        # machine's.
+        self.stamps: list[tuple[str, _Stamp]] = []
         self.added = 0
+
+    @property
+    def exact(self) -> bool:
+        return self.complete and not self.remote
 
     def dirs(self, paths: list[str], *, top: bool = False) -> None:
         # Below the top, a directory gone (or not one) is no loss: its
@@ -186,14 +199,33 @@ class _Watching:
         self._add(paths, False, (errno.ENOENT, errno.ENOTDIR))
 
     def _add(self, paths: list[str], dirs: bool, harmless: tuple[int, ...]) -> None:
-        if not paths or not self.exact:
+        if not paths or not self.complete:
             return
         self.added += len(paths)
-        for wd in _core.watch_add(self.fd, paths, dirs):
+        for path, wd in zip(paths, _core.watch_add(self.fd, paths, dirs), strict=True):
             if wd >= 0:
-                self.wds.add(wd)
+                if wd & _core.WATCH_REMOTE:
+                    self.remote = True  # another client's changes: the TTL too
+                    self.stamps.append((path, _stamp(path)))
+                self.wds.add(wd & ~_core.WATCH_REMOTE)
             elif -wd not in harmless:
-                self.exact = False  # the limit, a network filesystem: TTL only
+                self.complete = False  # the watch limit: the TTL only
+
+
+# A path's identity and last change: a directory that gains or loses an
+# entry gets a new mtime (and, for a subdirectory, link count).
+_Stamp = tuple[int, int, int, int] | None
+
+
+def _stamp(path: str) -> _Stamp:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink)
+
+
+_Kept = tuple[float, list[str], bool, frozenset[int], tuple[tuple[str, _Stamp], ...]]
 
 
 class _Listings:
@@ -207,39 +239,49 @@ class _Listings:
     can alter the listing counts (a subdirectory, a .git or a commondir
     made, removed or renamed; a gitdir file written), and only for the
     listings that watch where it happened: files written in the tree do
-    not.  Without inotify, past the watch limit, or on a network
-    filesystem, the listing is kept for TTL, as the rest."""
+    not.  Without inotify or past the watch limit, the listing is kept
+    for TTL, as the rest.  On a network filesystem, for TTL and only while
+    no watch reported a change and every directory it listed and file it
+    read has the same modification time, which a change this machine
+    makes updates at once (another client's is seen when the filesystem
+    shows it)."""
 
     _RESET = 8 * MAX_DIRS  # watches added before the fd is made anew
 
     def __init__(self) -> None:
         self.fd = -1
         self.added = 0
-        # roots -> (made: 0 while watched, else when; found; complete; watches)
-        self.kept: dict[tuple[str, ...], tuple[float, list[str], bool, frozenset[int]]] = {}
+        # roots -> (made: 0 while watched, else when; found; complete;
+        # watches; stamps of what a network filesystem holds)
+        self.kept: dict[tuple[str, ...], _Kept] = {}
         # What changed while a search was under way, for it to see at its end.
         self.log: list[frozenset[int]] = []
         self.searching = 0
 
     def get(self, roots: tuple[str, ...]) -> tuple[list[str], bool] | None:
         with _lock:
-            if roots not in self.kept:
-                return None
-            self._drain()
-            hit = self.kept.get(roots)
-            if hit is None or (hit[0] and time.monotonic() - hit[0] >= TTL):
-                return None
-            return hit[1], hit[2]
+            hit = self._current(roots)
+            return None if hit is None else (hit[1], hit[2])
 
     def current(self, roots: tuple[str, ...]) -> bool:
         """The listing of `roots` is kept: watched, nothing it depends on
-        changed since it was made; or, unwatched, made less than TTL ago."""
+        changed since it was made; or, not wholly watched, made less than
+        TTL ago (and on a network filesystem, nothing it stamped changed)."""
         with _lock:
-            if roots not in self.kept:
-                return False
-            self._drain()
-            hit = self.kept.get(roots)
-            return hit is not None and (not hit[0] or time.monotonic() - hit[0] < TTL)
+            return self._current(roots) is not None
+
+    def _current(self, roots: tuple[str, ...]) -> _Kept | None:
+        # (_lock held.)
+        if roots not in self.kept:
+            return None
+        self._drain()
+        hit = self.kept.get(roots)
+        if hit is None or not hit[0]:
+            return hit
+        if time.monotonic() - hit[0] >= TTL or any(_stamp(p) != st for p, st in hit[4]):
+            del self.kept[roots]
+            return None
+        return hit
 
     def _drain(self) -> None:
         if self.fd < 0:
@@ -250,7 +292,7 @@ class _Listings:
             changed = frozenset({-1})
         if not changed:
             return
-        for roots, (_made, _found, _complete, wds) in list(self.kept.items()):
+        for roots, (_made, _found, _complete, wds, _stamps) in list(self.kept.items()):
             if -1 in changed or wds & changed:
                 del self.kept[roots]
         if self.searching:
@@ -293,12 +335,13 @@ class _Listings:
     ) -> None:
         self._drain()
         wds = frozenset(watch.wds) if watch is not None else frozenset()
+        stamps = tuple(watch.stamps) if watch is not None else ()
         if any(-1 in c or c & wds for c in self.log[start:]):
             return  # a change where it listed, while it listed: not kept
         exact = watch is not None and watch.exact
         if len(self.kept) >= 64:
             self.kept.clear()
-        self.kept[roots] = (0.0 if exact else time.monotonic(), out, complete, wds)
+        self.kept[roots] = (0.0 if exact else time.monotonic(), out, complete, wds, stamps)
         self.added += watch.added if watch is not None else 0
         if self.added > self._RESET:
             os.close(self.fd)

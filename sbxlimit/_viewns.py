@@ -182,7 +182,8 @@ def _make(key: _Key, dev_fd: int, which: Callable[[], Sequence[bool]]) -> _Kept 
         for i, (e, w) in enumerate(zip(entries, watched, strict=True))
         if w and i not in missing
         for p in (e[1], *_ancestors(e[1]))
-        if wds[p] < 0
+        # On a network filesystem another client's change is not seen.
+        if wds[p] < 0 or wds[p] & _core.WATCH_REMOTE
     ]
     if unwatched:
         # A path bound but not watched: not kept.  A network filesystem, the

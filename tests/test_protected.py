@@ -166,10 +166,57 @@ def test_a_network_filesystem_is_not_trusted_to_report_its_changes():
         os.close(fd)
 
 
+@pytest.fixture
+def remote_dir():
+    """A directory on a filesystem this kernel does not count as local
+    (cgroupfs: outside watch.c's list, like a network filesystem), where
+    this machine can make subdirectories."""
+    if os.geteuid() != 0:
+        pytest.skip("making a directory on a cgroup filesystem needs root")
+    mounted = [p for p in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup") if os.path.ismount(p)]
+    base = mounted[0] if mounted else None
+    if base is None:
+        pytest.skip("no cgroup filesystem mounted")
+    d = os.path.join(base, f"sbxlimit-watch-test-{os.getpid()}")
+    os.mkdir(d)
+    try:
+        yield d
+    finally:
+        if os.path.isdir(os.path.join(d, "sub")):
+            os.rmdir(os.path.join(d, "sub"))
+        os.rmdir(d)
+
+
+def test_a_listing_on_a_network_filesystem_still_sees_this_machine_s_changes(remote_dir):
+    # Another client's change is not seen there (the TTL bounds it), but
+    # the caller's own, made through this kernel, ends the listing at once:
+    # a `git init` just before a spawn on an NFS home is protected in it.
+    roots = (remote_dir,)
+    _protected._listings.search(roots)
+    made, _found, _complete, wds, stamps = _protected._listings.kept[roots]
+    assert made > 0 and wds and stamps  # the TTL, the watches and the stamps
+    assert _protected._listings.current(roots)
+    os.mkdir(os.path.join(remote_dir, "sub"))
+    assert not _protected._listings.current(roots)
+
+
+def test_a_listing_on_a_network_filesystem_that_reports_nothing_sees_this_machine_s_changes(
+    remote_dir,
+):
+    # Some (User-Mode Linux's hostfs) queue no event even for this
+    # machine's own changes: the directories' modification times tell.
+    roots = (remote_dir,)
+    _protected._listings.search(roots)
+    assert _protected._listings.current(roots)
+    os.mkdir(os.path.join(remote_dir, "sub"))
+    _core.watch_changed(_protected._listings.fd, [])  # as if no event had come
+    assert not _protected._listings.current(roots)
+
+
 def test_a_root_not_there_is_kept_for_the_ttl_only(tmp_path):
     roots = (str(tmp_path / "later"),)
     _protected._listings.search(roots)
-    made, _found, _complete, _wds = _protected._listings.kept[roots]
+    made, _found, _complete, _wds, _stamps = _protected._listings.kept[roots]
     assert made > 0  # kept for the TTL, not until a change
 
 

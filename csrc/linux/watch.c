@@ -72,9 +72,7 @@ int sbx_watch_add(int fd, const char *path, int what)
      * filesystem of another kind, never missed. */
     if (statfs(path, &sf) < 0)
         return -errno;
-    if (!local_fs((long)sf.f_type))
-        return -EXDEV;
-    return wd;
+    return local_fs((long)sf.f_type) ? wd : wd | SBX_WATCH_REMOTE;
 }
 
 /* ev names one of names, where a name ending in '*' is a prefix. */
