@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,7 @@ if sys.platform != "win32":  # the POSIX mechanisms; Windows's checks are _windo
     from ._cgroup import discover
     from ._cgroupfs import mounts, own_cgroups, v2_mount
     from ._namespaces import namespaces, userns_blockers
+    from ._workspace import slow_directories
 
 __all__ = ["Check", "Report", "doctor"]
 
@@ -174,6 +176,7 @@ def doctor() -> Report:
             _check_ro_view,
             _check_capabilities,
             _check_container,
+            _check_tmpdir,
         ]
     elif _platform.DARWIN:
         probes = [
@@ -704,6 +707,22 @@ def _check_container() -> Check:
             "what works here may differ from the host",
         )
     return Check("container", INFO, "no sign of a container or outer sandbox")
+
+
+def _check_tmpdir() -> Check:
+    """Where private workspaces are made, and whether that filesystem
+    makes them slow at a high spawn rate (_workspace.slow_directories)."""
+    tmp = tempfile.gettempdir()
+    slow = slow_directories(tmp)
+    if slow:
+        return Check(
+            "tmpdir",
+            INFO,
+            f"private workspaces are made in {tmp}: {slow}; a TMPDIR on tmpfs or a "
+            "journaled filesystem avoids it",
+            "set TMPDIR to a tmpfs or a journaled filesystem",
+        )
+    return Check("tmpdir", INFO, f"private workspaces are made in {tmp}")
 
 
 def _check_seatbelt() -> Check:  # pragma: no cover - macOS only

@@ -46,6 +46,7 @@ def test_report_shape_and_json_schema():
         "read_only_view",
         "capabilities",
         "container",
+        "tmpdir",
     ):
         assert needed in names
     assert d["ok"] == r.ok == (not any(v.startswith("unenforced") for v in d["summary"].values()))
@@ -192,6 +193,57 @@ def test_container_check_is_informational():
     c = report().check("container")
     assert c.status == "info"
     assert ("/.dockerenv" in c.reason) == os.path.exists("/.dockerenv")
+
+
+@pytest.fixture
+def ext4(tmp_path):
+    """A small ext4 mounted from an image, with or without a journal."""
+    if os.geteuid() != 0 or not shutil.which("mkfs.ext4"):
+        pytest.skip("mounting an ext4 image needs root and mkfs.ext4")
+    mounted: list[str] = []
+
+    def make(journal: bool) -> str:
+        img = tmp_path / f"ext4-{journal}.img"
+        with open(img, "wb") as f:
+            f.truncate(32 << 20)
+        feature = "has_journal" if journal else "^has_journal"
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-O", feature, str(img)], check=True)
+        mnt = tmp_path / f"ext4-{journal}"
+        mnt.mkdir()
+        subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
+        mounted.append(str(mnt))
+        return str(mnt)
+
+    yield make
+    for mnt in mounted:
+        subprocess.run(["umount", mnt], check=False)
+
+
+def test_the_tmpdir_row_names_ext4_without_a_journal(ext4, monkeypatch):
+    import tempfile
+
+    from sbxlimit import _doctor
+
+    bare, journaled = ext4(False), ext4(True)
+    monkeypatch.setattr(tempfile, "tempdir", bare)
+    c = _doctor._check_tmpdir()
+    assert c.status == "info" and bare in c.reason
+    assert "ext4 without a journal" in c.reason and "TMPDIR" in c.fix
+    monkeypatch.setattr(tempfile, "tempdir", journaled)
+    c = _doctor._check_tmpdir()
+    assert c.reason == f"private workspaces are made in {journaled}" and not c.fix
+
+
+def test_the_tmpdir_row_is_informational_and_quiet_on_tmpfs(monkeypatch):
+    import tempfile
+
+    from sbxlimit import _doctor
+
+    assert report().check("tmpdir").status == "info"
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm tmpfs here")
+    monkeypatch.setattr(tempfile, "tempdir", "/dev/shm")
+    assert _doctor._check_tmpdir().reason == "private workspaces are made in /dev/shm"
 
 
 def test_the_process_tree_probe_sees_and_ends_three_levels(no_namespaces):
