@@ -47,6 +47,7 @@ __all__ = [
     "discover",
     "fd_budget",
     "move_self_to_leaf",
+    "reading_dirs",
     "warn_explicit_site",
 ]
 
@@ -489,6 +490,37 @@ def _close_all(fds: list[int]) -> None:
                 log.warning("sbxlimit: closing fd %d: %s", fd, os.strerror(err))
 
 
+# Cgroups whose usage files are kept open (Cgroup._kept_readers): a forked
+# child closes what it inherited of them by their directories.
+_reading: set[Cgroup] = set()
+
+
+def reading_dirs() -> set[str]:
+    """The directories of the cgroups whose usage files are kept open."""
+    return {d for cg in list(_reading) for d in cg.dirs.values()}
+
+
+def _pread_all(keys: list[tuple[str, str]], readers: dict[tuple[str, str], int]) -> list[_Result]:
+    """Each kept file read whole from its start, as fs_batch's FS_READ
+    reports it: the bytes (to the end: never a short read taken for the
+    file), EFBIG when they fill the buffer, else the errno."""
+    out: list[_Result] = []
+    cap = _core.FS_READ_MAX
+    for k in keys:
+        data = b""
+        try:
+            while len(data) < cap:
+                chunk = os.pread(readers[k], cap - len(data), len(data))
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as e:
+            out.append(e.errno or errno.EIO)
+            continue
+        out.append(errno.EFBIG if len(data) >= cap else data)
+    return out
+
+
 # Settings a kernel may lack (no swap accounting, older kernels): skipped.
 _HAS_FS_BATCH = hasattr(_core, "fs_batch")  # the POSIX core's
 
@@ -525,6 +557,7 @@ class Cgroup:
         "paths",
         "peak_memory",
         "peak_pids",
+        "readers",
         "ready_procs",
         "removed",
         "site",
@@ -551,6 +584,9 @@ class Cgroup:
         self.batches: dict[
             tuple[bool, bool], tuple[list[tuple[str, str]], list[tuple[int, str, None]]]
         ] = {}
+        # The files usage() reads, kept open from its first call
+        # (_kept_readers); {} once refused (the fd budget).
+        self.readers: dict[tuple[str, str], int] | None = None
         self.peak_memory = 0
         self.peak_pids = 0
         self.removed = False
@@ -772,7 +808,7 @@ class Cgroup:
         """The fds this cgroup holds, each with what it should still be (a
         forked child closes those of the parent's ready cgroups)."""
         out: dict[int, str | tuple[int, int]] = {}
-        for fd in [self.dirfd, self.count_fd, *self.ready_procs]:
+        for fd in [self.dirfd, self.count_fd, *self.ready_procs, *(self.readers or {}).values()]:
             if fd >= 0:
                 try:
                     out[fd] = fd_ident(fd)
@@ -1003,7 +1039,17 @@ class Cgroup:
             batch = self.batches[(final, evidence)] = (keys, steps)
         keys, steps = batch
         got: dict[tuple[str, str], str] = {}
-        for k, (_op, path, _d), r in zip(keys, steps, _core.fs_batch(steps, False), strict=True):
+        results = None
+        if not final and not evidence:
+            # Under the lock remove() closes them under: never a number
+            # closed and given to another file meanwhile.
+            with _recording:
+                readers = self._kept_readers(keys, steps)
+                if readers:
+                    results = _pread_all(keys, readers)
+        if results is None:
+            results = _core.fs_batch(steps, False)
+        for k, (_op, path, _d), r in zip(keys, steps, results, strict=True):
             if type(r) is bytes:
                 got[k] = r.decode()
             elif r == errno.EFBIG:
@@ -1016,6 +1062,28 @@ class Cgroup:
             return self._get(ctrl, fname) if text is None else text
 
         return get
+
+    def _kept_readers(
+        self, keys: list[tuple[str, str]], steps: list[tuple[int, str, None]]
+    ) -> dict[tuple[str, str], int] | None:
+        """usage()'s files, opened at its first call and kept: then a read
+        each (pread: 0.9 us here, where an open, a read and a close took
+        6.6 us), for a dashboard that polls many sandboxes.  None past the
+        fd budget (read by path then, as before); recorded for a fork's
+        child, which closes them (Monitor.close_in_child).  (_recording
+        held: a fork waits until they are recorded.)"""
+        if self.readers is not None or self.removed:
+            return self.readers or None
+        opened = [(_core.FS_OPEN_READ, path, None) for _op, path, _d in steps]
+        got = _core.fs_batch(opened, True)
+        fds = [r[0] for r in got if type(r) is tuple]
+        if len(fds) < len(keys) or any(fd >= fd_budget() for fd in fds):
+            _close_all(fds)
+            self.readers = {}
+            return None
+        self.readers = dict(zip(keys, fds, strict=True))
+        _reading.add(self)
+        return self.readers
 
     def stats(
         self,
@@ -1150,6 +1218,9 @@ class Cgroup:
         with _recording:  # see _close_all
             fds = [fd for fd, _f in self.events] + self.ready_procs
             fds += [fd for fd in (self.dirfd, self.count_fd) if fd >= 0]
+            fds += list((self.readers or {}).values())
+            self.readers = {}
+            _reading.discard(self)
             self.events, self.ready_procs = [], []
             self.armed.clear()
             self.dirfd = self.count_fd = -1

@@ -23,7 +23,7 @@ from sbxlimit._cgroup import _V1, Cgroup, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
 
-from .conftest import _fds, alive, wait_gone
+from .conftest import _fds, alive, kept_in_a_fork, wait_gone
 
 PY = sys.executable
 SITE = discover()
@@ -343,6 +343,47 @@ def test_usage_is_live_from_the_cgroup():
     final = p.usage()
     assert final.pids_now == 0 and final.memory_peak >= 8 << 20
     assert final.pids_peak == 2
+
+
+@needs_cgroup
+def test_usage_keeps_its_files_open_reads_them_afresh_and_closes_them_with_the_cgroup(tmp_path):
+    # A dashboard polls usage(): its files are opened once and read again
+    # from their start at each call (a pread), never a stale figure; a
+    # forked child does not inherit them, and the cgroup's removal closes
+    # them.  No limit the supervisor watches, no output read: nothing
+    # else has the supervisor look into this cgroup.
+    grown = tmp_path / "grown"
+    code = f"""
+        import sys, time
+        sys.stdin.readline()
+        b = bytearray(16 << 20)
+        b[::4096] = b"x" * (len(b) // 4096)
+        open({str(grown)!r}, "w").close()
+        time.sleep(30)
+    """
+    with sbxlimit.Popen(
+        [PY, "-c", textwrap.dedent(code)], stdin=subprocess.PIPE, limits=Limits(cpu="1")
+    ) as p:
+        cg = p._sbx.cgroup
+        assert p._sbx.watch is None
+        dirs = set(cg.dirs.values())
+        before = p.usage()
+        kept = dict(cg.readers)
+        assert kept and all(os.path.dirname(_fds()[fd]) in cg.dirs.values() for fd in kept.values())
+        assert kept_in_a_fork(list(kept.values())) == {}
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        deadline = time.monotonic() + 10
+        while not grown.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        after = p.usage()
+        assert cg.readers == kept  # the same files, read again
+        assert after.memory_now >= before.memory_now + (16 << 20)
+        assert after.cpu_total > before.cpu_total
+        p.kill_tree(grace=0)
+    assert get_monitor().drain(5)  # the supervisor removed the cgroup
+    assert cg.removed and not cg.readers
+    assert not [t for t in _fds().values() if os.path.dirname(t) in dirs]
 
 
 @needs_cgroup
