@@ -47,7 +47,6 @@ __all__ = [
     "discover",
     "fd_budget",
     "move_self_to_leaf",
-    "reading_dirs",
     "warn_explicit_site",
 ]
 
@@ -470,6 +469,17 @@ def _fork_done() -> None:
 def _fork_child() -> None:
     global _recording
     _recording = threading.Lock()
+    # usage()'s kept files, recorded under the lock the fork held: these
+    # very numbers, closed and forgotten, so that the child never reads or
+    # closes a number given since to a file of its own.
+    for cg in list(_reading):
+        for fd in (cg.readers or {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        cg.readers = {}
+    _reading.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -491,13 +501,8 @@ def _close_all(fds: list[int]) -> None:
 
 
 # Cgroups whose usage files are kept open (Cgroup._kept_readers): a forked
-# child closes what it inherited of them by their directories.
+# child closes what it inherited of them (_fork_child).
 _reading: set[Cgroup] = set()
-
-
-def reading_dirs() -> set[str]:
-    """The directories of the cgroups whose usage files are kept open."""
-    return {d for cg in list(_reading) for d in cg.dirs.values()}
 
 
 def _pread_all(keys: list[tuple[str, str]], readers: dict[tuple[str, str], int]) -> list[_Result]:
@@ -1069,15 +1074,16 @@ class Cgroup:
         """usage()'s files, opened at its first call and kept: then a read
         each (pread: 0.9 us here, where an open, a read and a close took
         6.6 us), for a dashboard that polls many sandboxes.  None past the
-        fd budget (read by path then, as before); recorded for a fork's
-        child, which closes them (Monitor.close_in_child).  (_recording
-        held: a fork waits until they are recorded.)"""
+        first half of the fd budget, the rest left to the event fds that
+        enforce limits (read by path then, as before); recorded for a
+        fork's child, which closes them (_fork_child).  (_recording held:
+        a fork waits until they are recorded.)"""
         if self.readers is not None or self.removed:
             return self.readers or None
         opened = [(_core.FS_OPEN_READ, path, None) for _op, path, _d in steps]
         got = _core.fs_batch(opened, True)
         fds = [r[0] for r in got if type(r) is tuple]
-        if len(fds) < len(keys) or any(fd >= fd_budget() for fd in fds):
+        if len(fds) < len(keys) or any(fd >= fd_budget() // 2 for fd in fds):
             _close_all(fds)
             self.readers = {}
             return None

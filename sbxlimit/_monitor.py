@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core, _namespaces, _viewns, _workspace, audit
 from ._cgpool import Pool
-from ._cgroup import read_quiet, reading_dirs
+from ._cgroup import read_quiet
 from ._evidence import KillRecord, Samples
 from ._nspool import NsPool
 from ._platform import CLONE_NEWIPC, CLONE_NEWNET
@@ -1312,7 +1312,7 @@ class Monitor:
         # What the thread had open for a moment at the fork (a limit
         # written, a counter read, in a core call): any file in a cgroup
         # directory of ours.
-        dirs = self._pool.dirs() | reading_dirs()  # and usage()'s kept files
+        dirs = self._pool.dirs()
         watched = [*self._watches, *self._pending]
         for cg in [*self._retiring, *(w.cgroup for w in watched if w.cgroup)]:
             dirs.update(cg.dirs.values())

@@ -14,6 +14,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Policy, _core, _namespaces, _protected
+from sbxlimit._cgroupfs import mount_table
 
 from .conftest import kept_in_a_fork
 
@@ -173,12 +174,25 @@ def remote_dir():
     this machine can make subdirectories."""
     if os.geteuid() != 0:
         pytest.skip("making a directory on a cgroup filesystem needs root")
-    mounted = [p for p in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup") if os.path.ismount(p)]
-    base = mounted[0] if mounted else None
-    if base is None:
-        pytest.skip("no cgroup filesystem mounted")
-    d = os.path.join(base, f"sbxlimit-watch-test-{os.getpid()}")
-    os.mkdir(d)
+    mounts = [m for m, kind, _o in mount_table() if kind in ("cgroup", "cgroup2")]
+    d = None
+    for base in mounts:
+        try:
+            d = os.path.join(base, f"sbxlimit-watch-test-{os.getpid()}")
+            os.mkdir(d)
+            break
+        except OSError:
+            d = None
+    if d is None:
+        pytest.skip("no cgroup filesystem here where a directory can be made")
+    fd = _core.watch_open()
+    try:
+        remote = _core.watch_add(fd, [d], True)[0]
+    finally:
+        os.close(fd)
+    if remote < 0 or not remote & _core.WATCH_REMOTE:
+        os.rmdir(d)
+        pytest.skip(f"{d} is not on a filesystem watch.c counts as not local")
     try:
         yield d
     finally:
@@ -187,10 +201,13 @@ def remote_dir():
         os.rmdir(d)
 
 
-def test_a_listing_on_a_network_filesystem_still_sees_this_machine_s_changes(remote_dir):
+def test_a_listing_on_a_network_filesystem_still_sees_this_machine_s_changes(
+    remote_dir, monkeypatch
+):
     # Another client's change is not seen there (the TTL bounds it), but
     # the caller's own, made through this kernel, ends the listing at once:
     # a `git init` just before a spawn on an NFS home is protected in it.
+    monkeypatch.setattr(_protected, "TTL", 60.0)  # the watch ends it, not the TTL
     roots = (remote_dir,)
     _protected._listings.search(roots)
     made, _found, _complete, wds, stamps = _protected._listings.kept[roots]
@@ -201,10 +218,11 @@ def test_a_listing_on_a_network_filesystem_still_sees_this_machine_s_changes(rem
 
 
 def test_a_listing_on_a_network_filesystem_that_reports_nothing_sees_this_machine_s_changes(
-    remote_dir,
+    remote_dir, monkeypatch
 ):
     # Some (User-Mode Linux's hostfs) queue no event even for this
     # machine's own changes: the directories' modification times tell.
+    monkeypatch.setattr(_protected, "TTL", 60.0)  # the stamp ends it, not the TTL
     roots = (remote_dir,)
     _protected._listings.search(roots)
     assert _protected._listings.current(roots)
