@@ -210,29 +210,39 @@ def _background_done() -> bool:
         return not (m._pumps or m._new_pumps or m._trash or m._trees or m._emptying)
 
 
-def kept_in_a_fork(fds) -> dict[int, str]:
-    """Which of `fds` a child made by os.fork() still has open, and what
-    they are there (the at-fork handlers ran in it)."""
+def in_a_fork(fn) -> str:
+    """What fn() returns (a str) in a child made by os.fork(), after the
+    at-fork handlers ran there."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            kept = {}
-            for fd in fds:
-                try:
-                    kept[fd] = os.readlink(f"/proc/self/fd/{fd}")
-                except OSError:
-                    pass
-            os.write(w, repr(kept).encode())
+            os.write(w, fn().encode())
         finally:
             os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
         text = f.read()
     os.waitpid(pid, 0)
+    return text
+
+
+def kept_in_a_fork(fds) -> dict[int, str]:
+    """Which of `fds` a child made by os.fork() still has open, and what
+    they are there (the at-fork handlers ran in it)."""
+
+    def kept() -> str:
+        out = {}
+        for fd in fds:
+            try:
+                out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                pass
+        return repr(out)
+
     import ast
 
-    return ast.literal_eval(text)
+    return ast.literal_eval(in_a_fork(kept))
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from sbxlimit._cgroup import _V1, Cgroup, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
 
-from .conftest import _fds, alive, kept_in_a_fork, wait_gone
+from .conftest import _fds, alive, in_a_fork, kept_in_a_fork, wait_gone
 
 PY = sys.executable
 SITE = discover()
@@ -350,20 +350,13 @@ def _usage_in_a_fork_over_decoys(p: sbxlimit.Popen, tmp_path, n: int) -> int:
     reading 999999999: the numbers the parent's kept files had."""
     decoy = tmp_path / "decoy"
     decoy.write_text("999999999\n")
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            for _ in range(n):
-                os.open(decoy, os.O_RDONLY)
-            os.write(w, str(p.usage().memory_now).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        got = f.read()
-    os.waitpid(pid, 0)
-    return int(got)
+
+    def usage_over_decoys() -> str:
+        for _ in range(n):
+            os.open(decoy, os.O_RDONLY)
+        return str(p.usage().memory_now)
+
+    return int(in_a_fork(usage_over_decoys))
 
 
 @needs_cgroup
