@@ -126,6 +126,9 @@ class Plan:
 
     # rlimits (_rlimits): (resource, soft, hard), set in the child.
     rlimits: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    # The inherited hard limits the planners decided on ((resource, hard)):
+    # a cached plan is reused only while they still hold (plan()).
+    hard_seen: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     # A cgroup per sandbox (_cgroup): where, the files written at creation
     # ((controller, file, value)), and the limits its counters decide
@@ -252,19 +255,8 @@ class Plan:
         return (_core.SECCOMP_HARDEN if self.seccomp else 0) | self.seccomp_net
 
 
-_HARD = (
-    ()
-    if sys.platform == "win32"
-    else (
-        resource.RLIMIT_CPU,
-        resource.RLIMIT_FSIZE,
-        resource.RLIMIT_NOFILE,
-        resource.RLIMIT_DATA,
-        resource.RLIMIT_AS,
-        resource.RLIMIT_NPROC,
-    )
-)
-_cache: dict[tuple[object, ...], Plan] = {}
+# request -> (the hard limits its plans depend on, {their values: plan}).
+_cache: dict[tuple[object, ...], tuple[tuple[int, ...], dict[tuple[int, ...], Plan]]] = {}
 
 
 def plan(
@@ -282,20 +274,32 @@ def plan(
     forked callable; a process group to join outside the namespace).
 
     Plans are cached: the same request on the same machine state gets the
-    same (read-only) Plan.  The key includes the inherited hard limits,
-    which decide clamping for an unprivileged process."""
+    same (read-only) Plan.  An unprivileged process's plan depends on the
+    inherited hard limits of the rlimits it sets (clamping): those, and
+    only those, are read again at each call (none for a sandbox whose only
+    rlimit is RLIMIT_CORE=0, as a cgroup or a Policy alone)."""
     if site is None:
         from ._cgroup import NO_SITE
 
         site = NO_SITE
     privileged = _platform.can_raise_hard_limits()
-    hard = () if privileged else tuple(resource.getrlimit(r)[1] for r in _HARD)
-    key = (limits, policy, uid, privileged, hard, site, no_reaper)
-    p = _cache.get(key)
-    if p is None:
+    key = (limits, policy, uid, privileged, site, no_reaper)
+    entry = _cache.get(key)
+    if entry is not None:
+        depends, plans = entry
+        p = plans.get(tuple([resource.getrlimit(r)[1] for r in depends]))
+        if p is not None:
+            return p
+    p = _plan(Request(limits, policy, uid, privileged, site, no_reaper))
+    if entry is None or entry[0] != tuple(r for r, _h in p.hard_seen):
         if len(_cache) > 256:
             _cache.clear()
-        p = _cache[key] = _plan(Request(limits, policy, uid, privileged, site, no_reaper))
+        entry = _cache[key] = (tuple(r for r, _h in p.hard_seen), {})
+    if len(entry[1]) > 16:
+        entry[1].clear()
+    # Keyed by what the planners saw, not by a later read: a hard limit
+    # lowered meanwhile gets a plan of its own at the next call.
+    entry[1][tuple(h for _r, h in p.hard_seen)] = p
     return p
 
 

@@ -36,8 +36,9 @@ def _set(p: Plan, r: Request, res: int, soft: int, hard: int) -> tuple[str, ...]
     raise it (setrlimit would fail with EPERM in the child); returns the
     caveat, if clamped."""
     note: tuple[str, ...] = ()
-    if not r.privileged:
-        _cur_soft, cur_hard = resource.getrlimit(res)
+    # 0/0 (core dumps off) is never clamped: no hard limit to depend on.
+    if not r.privileged and (soft or hard):
+        cur_hard = _inherited_hard(p, res)
         if cur_hard != _INF:
             if soft > cur_hard:
                 soft = cur_hard
@@ -45,6 +46,14 @@ def _set(p: Plan, r: Request, res: int, soft: int, hard: int) -> tuple[str, ...]
             hard = min(hard, cur_hard)
     p.rlimits.append((res, soft, hard))
     return note
+
+
+def _inherited_hard(p: Plan, res: int) -> int:
+    """The hard limit of `res` this process passes on, noted as one the
+    plan depends on (see _plan.plan)."""
+    hard = resource.getrlimit(res)[1]
+    p.hard_seen.append((res, hard))
+    return hard
 
 
 def plan_core_dumps(p: Plan, r: Request) -> None:
@@ -170,7 +179,7 @@ def plan_nproc_room(p: Plan, r: Request) -> None:
     pids = lim.pids
     room = pids + max(4, pids // 8) + (1 if p.ns_flags & CLONE_NEWPID else 0)
     if not r.privileged:
-        cur_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        cur_hard = _inherited_hard(p, resource.RLIMIT_NPROC)
         room = room if cur_hard == _INF else min(room, cur_hard)
     p.rlimits = [
         (res, room, room) if res == resource.RLIMIT_NPROC and soft >= pids else (res, soft, hard)

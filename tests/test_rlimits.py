@@ -16,7 +16,7 @@ import sbxlimit
 from sbxlimit import Limits
 from sbxlimit._platform import can_raise_hard_limits
 
-from .conftest import holds, privileges
+from .conftest import holds, in_a_fork, privileges
 
 PY = sys.executable
 ROOT = os.geteuid() == 0
@@ -248,6 +248,46 @@ def test_request_above_hard_limit_is_clamped_and_said():
     r = run_py("pass", limits=Limits(open_files=hard + 1000))
     assert r.returncode == 0
     assert f"clamped to the inherited hard limit {hard}" in r.enforced["open_files"]
+
+
+@pytest.mark.skipif(
+    can_raise_hard_limits(),
+    reason=f"CAP_SYS_RESOURCE raises hard limits, nothing is clamped ({privileges()})",
+)
+def test_a_cached_plan_follows_a_hard_limit_lowered_after_it():
+    """Plans are cached with the hard limits they were clamped to: one
+    lowered later (setrlimit) gets a plan of its own, and its child starts
+    (asking for more than the hard limit would fail in the child)."""
+    limits = Limits(open_files=700, file_size="1Mi")
+    code = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"
+
+    def lowered() -> str:
+        first = run_py(code, limits=limits, capture_output=True, text=True)  # planned, cached
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 600), 600))
+        again = run_py(code, limits=limits, capture_output=True, text=True)
+        return repr((first.stdout, again.returncode, again.stdout, again.enforced["open_files"]))
+
+    first, rc, out, how = eval(in_a_fork(lowered))
+    assert first.strip() == "(700, 700)"
+    assert rc == 0 and out.strip() == "(600, 600)"
+    assert "clamped to the inherited hard limit 600" in how
+
+
+def test_a_sandbox_whose_rlimits_cannot_be_clamped_reads_no_hard_limit():
+    """Core dumps off (0/0) is never clamped: a plan with no other rlimit
+    (a cgroup's limits, a Policy alone) depends on no hard limit, and its
+    cached plan is found without reading any."""
+    from sbxlimit import _plan
+
+    site = sbxlimit._cgroup.discover(None)
+    for limits, policy in ((Limits(memory="1Gi", pids=64), None), (None, sbxlimit.Policy())):
+        p = _plan.plan(limits, policy, uid=os.geteuid(), site=site)
+        if p.rlimits == [(resource.RLIMIT_CORE, 0, 0)]:
+            assert p.hard_seen == []
+    p = _plan.plan(Limits(open_files=100), None, uid=os.geteuid())
+    read = [] if can_raise_hard_limits() else [resource.RLIMIT_NOFILE]
+    assert [r for r, _h in p.hard_seen] == read
 
 
 def test_check_true_raises_limit_exceeded():
