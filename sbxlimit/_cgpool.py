@@ -58,19 +58,25 @@ class Pool:
         # read) when a fork happens is the child's to close (dirs()).
         self._making_dirs: tuple[str, ...] = ()
 
-    def take(self, site: Site, settings: Settings, name: Callable[[], str]) -> Cgroup | None:
-        """A ready cgroup of this kind, or None; either way the kind is kept
-        ready from now on.  `name` makes a new cgroup's name."""
+    def take(
+        self, site: Site, settings: Settings, name: Callable[[], str]
+    ) -> tuple[Cgroup | None, int]:
+        """A ready cgroup of this kind, or None, and how many are left ready
+        (-1: none will be made, as the pool is closed or the site is not
+        pooled).  Either way the kind is kept ready from now on.  `name`
+        makes a new cgroup's name.  One lock, as a spawn calls it."""
         if site.explicit or not site.version:
-            return None
+            return None, -1
         kind = (site, settings)
         with self._lock:
             if self._closed:
-                return None
+                return None, -1
             self._used[kind] = time.monotonic()
             self._names[kind] = name
             ready = self._ready.get(kind)
-            return ready.pop() if ready else None
+            if not ready:
+                return None, 0
+            return ready.pop(), len(ready)
 
     def has_ready(self, site: Site, settings: Settings) -> bool:
         """A cgroup of this kind is ready for the next spawn."""

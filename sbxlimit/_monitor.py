@@ -888,13 +888,12 @@ class Monitor:
     ) -> Cgroup | None:
         """A cgroup made ahead of need (see _cgpool), or None; the next is
         made here, while the caller waits for its child."""
-        cg = self._pool.take(site, settings, name)
-        # Waking a sleeping thread costs the caller tens of µs: only when the
-        # next spawn of this kind would find none ready, or when the loop
-        # would not pass by soon anyway.
-        if self._pool.wanted() and (
-            not self._pool.has_ready(site, settings) or self._sleeps_long()
-        ):
+        cg, left = self._pool.take(site, settings, name)
+        # The pool is now short of this kind (unless closed).  Waking a
+        # sleeping thread costs the caller tens of µs: only when the next
+        # spawn of this kind would find none ready, or when the loop would
+        # not pass by soon anyway.
+        if left == 0 or (left > 0 and self._sleeps_long()):
             self._owed = True
         return cg
 
