@@ -41,6 +41,7 @@ __all__ = ["Popen"]
 
 # Running sandboxes that hold a cgroup and die with this process
 # (PR_SET_PDEATHSIG): ended and cleaned up at exit, see _end_at_exit.
+# Emptied in a fork's child: its parent's sandboxes are not its own.
 _dying_with_us: weakref.WeakSet[Popen] = weakref.WeakSet()
 
 
@@ -254,6 +255,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         _WNOWAIT: int = os.WEXITED | os.WNOWAIT,
         _WNOHANG: int = os.WNOHANG,
         _monotonic: Any = time.monotonic,
+        _getpid: Any = os.getpid,
     ) -> tuple[int, int]:
         """All callers hold self._waitpid_lock (as in subprocess).
 
@@ -263,6 +265,12 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         the rusage.
         """
         sbx = self._sbx
+        if sbx.owner_pid != _getpid():
+            # A fork's copy owns nothing: as subprocess's, it finds no such
+            # child and says it exited with 0.  It never ends, reaps or
+            # removes what is its parent's (a child that polls, drops or
+            # leaves a with-block of its copy would kill the sandbox).
+            return (self.pid, 0)
         if sbx.reaps_carefully:
             try:
                 info = _waitid(_P_PID, self.pid, _WNOWAIT | (wait_flags & _WNOHANG))
@@ -283,7 +291,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
     def _handle_exitstatus(self, sts: int, *args: Any) -> None:
         super()._handle_exitstatus(sts, *args)  # type: ignore[misc]
-        self._sbx.exited(self.returncode)
+        if self._sbx.owner_pid == os.getpid():  # a fork's copy has no quota, proxy or audit to end
+            self._sbx.exited(self.returncode)
 
     def _internal_poll(
         self,
@@ -461,7 +470,7 @@ def _end_at_exit() -> None:
     end = time.monotonic() + 2.0
     for p in list(_dying_with_us):
         cg = p._sbx.cgroup
-        if p.returncode is not None or cg is None:
+        if p.returncode is not None or cg is None or p._sbx.owner_pid != os.getpid():
             continue
         try:
             cg.kill()
@@ -469,3 +478,11 @@ def _end_at_exit() -> None:
                 time.sleep(0.005)
         except Exception:  # at exit: never let one sandbox stop the rest
             pass
+
+
+def _forget_after_fork() -> None:
+    _dying_with_us.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

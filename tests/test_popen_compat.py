@@ -376,3 +376,88 @@ def test_run_matches_subprocess_run():
         sbxlimit.run(py("import time; time.sleep(10)"), timeout=0.2)
     with pytest.raises(ValueError):
         sbxlimit.run(["true"], input=b"x", stdin=subprocess.PIPE)
+
+
+# A fork's copy of a running Popen: its child polls it, drops it, or leaves
+# the with-block it was made in (SystemExit, then the atexit handlers).  The
+# parent's program and what it started must live on, as with subprocess.
+_FORK_COPY = r"""
+import contextlib, gc, os, subprocess, sys, time
+import sbxlimit
+
+kind, action = sys.argv[1:3]
+ends = []  # what the audit hears of an end: none is the copy's to tell
+sbxlimit.audit.subscribe(lambda e: e.name in ("exit", "killed") and ends.append(e))
+make = {
+    "subprocess": subprocess.Popen,
+    "sandbox": lambda a: sbxlimit.Popen(a, limits=sbxlimit.Limits(wall_time=60)),
+    "memory": lambda a: sbxlimit.Popen(a, limits=sbxlimit.Limits(memory="1Gi")),
+    "no cgroup": lambda a: sbxlimit.Popen(
+        a, limits=sbxlimit.Limits(wall_time=60), cgroup_parent="none"
+    ),
+    "policy": lambda a: sbxlimit.Popen(a, policy=sbxlimit.Policy(workdir="/")),
+}[kind]
+
+
+def tree(root):
+    # root and its descendants, from every process's parent
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    parent[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo += [c for c, pp in parent.items() if pp == p and c not in found]
+    return found
+
+
+p = make(["sh", "-c", "sleep 60 & exec sleep 60"])
+with p if action == "exit" else contextlib.nullcontext():
+    deadline = time.monotonic() + 10
+    while len(tree(p.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    before = tree(p.pid)
+    child = os.fork()
+    if child == 0:
+        if action == "poll":
+            p.poll()
+            p.wait()
+            os._exit(len(ends))
+        if action == "drop":
+            del p
+            gc.collect()
+            os._exit(len(ends))
+        sys.exit(0)  # "exit": through the with-block's __exit__, then atexit
+    status = os.waitpid(child, 0)[1]
+    time.sleep(0.2)
+    print(len(before), p.poll(), sorted(before - tree(p.pid)), status, flush=True)
+    for pid in tree(p.pid) - {p.pid}:  # subprocess's kill() ends the leader only
+        os.kill(pid, 9)
+    p.kill()
+    p.wait()
+"""
+
+
+@pytest.mark.parametrize("action", ["poll", "drop", "exit"])
+@pytest.mark.parametrize("kind", ["subprocess", "sandbox", "memory", "no cgroup", "policy"])
+def test_a_fork_s_copy_never_ends_its_parent_s_program(kind, action):
+    r = subprocess.run(
+        [PY, "-c", _FORK_COPY, kind, action], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    found, rc, gone, status = _fields(r.stdout)
+    assert int(found) >= 2  # the program and the sleep it started
+    assert rc == "None" and gone == "[]" and status == "0", r.stdout
+
+
+def _fields(out: str) -> tuple[str, str, str, str]:
+    """found, returncode, gone (a list), the child's status."""
+    found, rc, rest = out.split(maxsplit=2)
+    gone, status = rest.rsplit(maxsplit=1)
+    return found, rc, gone, status
