@@ -1066,9 +1066,10 @@ PyDoc_STRVAR(fs_batch_doc, "fs_batch(steps, stop_at_error, /) -> list\n"
                            "--\n\n"
                            "Run (op, path, data[, fd]) steps (FS_MKDIR, FS_RMDIR, FS_WRITE,\n"
                            "FS_WRITE_OPTIONAL, FS_READ, FS_STAT, FS_OPEN_WRITE, FS_OPEN_READ,\n"
-                           "FS_V1_EVENT, FS_CLOSE, FS_RM_WORKSPACE; data: bytes for a write or an\n"
-                           "event, else None; fd: the eventfd of FS_V1_EVENT, the fd FS_CLOSE\n"
-                           "closes) in order with the GIL released once for all of them; returns\n"
+                           "FS_V1_EVENT, FS_CLOSE, FS_RM_WORKSPACE, FS_PREAD; data: bytes for a\n"
+                           "write or an event, else None; fd: the eventfd of FS_V1_EVENT, the fd\n"
+                           "FS_CLOSE closes, the fd FS_PREAD reads from its start) in order with\n"
+                           "the GIL released once for all of them; returns\n"
                            "each step's errno (0: done, -1: not run, after a failure with\n"
                            "stop_at_error), for a read that succeeded the bytes read (a file of\n"
                            "FS_READ_MAX bytes or more fails with EFBIG: never a truncated read),\n"
@@ -1128,7 +1129,7 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_TypeError, "fs_batch: a write or an event needs bytes");
             goto done;
         }
-        if (op == SBX_FS_READ)
+        if (op == SBX_FS_READ || op == SBX_FS_PREAD)
             n_reads++;
     }
     if (n_reads > 0) {
@@ -1140,7 +1141,7 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
             goto done;
         }
         for (i = 0; i < n; i++) {
-            if (steps[i].op != SBX_FS_READ)
+            if (steps[i].op != SBX_FS_READ && steps[i].op != SBX_FS_PREAD)
                 continue;
             steps[i].buf = bufs + r++ * SBX_FS_READ_MAX;
             steps[i].cap = SBX_FS_READ_MAX;
@@ -1155,7 +1156,7 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
 
         if (steps[i].err != 0)
             err = PyLong_FromLong(steps[i].err);
-        else if (steps[i].op == SBX_FS_READ)
+        else if (steps[i].op == SBX_FS_READ || steps[i].op == SBX_FS_PREAD)
             err = PyBytes_FromStringAndSize(steps[i].buf, (Py_ssize_t)steps[i].len);
         else if (steps[i].op == SBX_FS_STAT)
             err = Py_BuildValue("(KK)", steps[i].dev, steps[i].ino);
@@ -1595,6 +1596,7 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "FS_V1_EVENT", SBX_FS_V1_EVENT) < 0 ||
         PyModule_AddIntConstant(m, "FS_CLOSE", SBX_FS_CLOSE) < 0 ||
         PyModule_AddIntConstant(m, "FS_RM_WORKSPACE", SBX_FS_RM_WORKSPACE) < 0 ||
+        PyModule_AddIntConstant(m, "FS_PREAD", SBX_FS_PREAD) < 0 ||
         PyModule_AddIntConstant(m, "FS_READ_MAX", SBX_FS_READ_MAX) < 0)
         return -1;
 #if defined(__linux__) && !defined(SBX_NO_VFORK)

@@ -39,33 +39,41 @@ static int write_whole(const char *path, const char *data, size_t len)
     return saved;
 }
 
-static int read_whole(struct sbx_fs_step *s)
+/* Read fd until a read gives nothing (never a short read taken for the
+ * whole file); `at_start`: through pread from offset 0, for a file kept
+ * open and read again.  0, EFBIG when it fills the buffer, or errno. */
+static int read_from_start(struct sbx_fs_step *s, int fd, int at_start)
 {
-    int fd, saved = 0;
     ssize_t n;
 
     s->len = 0;
+    for (;;) {
+        if (s->len >= s->cap) /* full: whether more follows is unknown */
+            return EFBIG;
+        if (at_start)
+            n = pread(fd, s->buf + s->len, s->cap - s->len, (off_t)s->len);
+        else
+            n = read(fd, s->buf + s->len, s->cap - s->len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno;
+        if (n == 0)
+            return 0;
+        s->len += (size_t)n;
+    }
+}
+
+static int read_whole(struct sbx_fs_step *s)
+{
+    int fd, err;
+
     fd = open_cloexec(s->path, O_RDONLY);
     if (fd < 0)
         return errno;
-    for (;;) {
-        if (s->len >= s->cap) { /* full: whether more follows is unknown */
-            saved = EFBIG;
-            break;
-        }
-        n = read(fd, s->buf + s->len, s->cap - s->len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            saved = errno;
-            break;
-        }
-        if (n == 0)
-            break;
-        s->len += (size_t)n;
-    }
+    err = read_from_start(s, fd, 0);
     close(fd);
-    return saved;
+    return err;
 }
 
 static int open_kept(struct sbx_fs_step *s, int flags)
@@ -210,6 +218,8 @@ static int run_step(struct sbx_fs_step *s)
         return close(s->fd) < 0 && errno != EINTR ? errno : 0;
     case SBX_FS_RM_WORKSPACE:
         return rm_workspace(s);
+    case SBX_FS_PREAD:
+        return read_from_start(s, s->fd, 1);
     default:
         return EINVAL;
     }

@@ -411,9 +411,11 @@ enum sbx_fs_op {
                             * path, then a NUL and what follows the two fds in
                             * the line) through cgroup.event_control path */
     SBX_FS_CLOSE,          /* close(fd) */
-    SBX_FS_RM_WORKSPACE    /* rmdir path and its tmp/ if that is all it holds
+    SBX_FS_RM_WORKSPACE,   /* rmdir path and its tmp/ if that is all it holds
                             * (else ENOTEMPTY; see fsbatch.c for a race): out
                             * len, the bytes tmp/ held (the tree's size) */
+    SBX_FS_PREAD           /* read the whole file through fd, kept open, from
+                            * its start (pread), as SBX_FS_READ */
 };
 struct sbx_fs_step {
     int op; /* SBX_FS_* */
@@ -424,11 +426,12 @@ struct sbx_fs_step {
     size_t cap;                  /* (a file that fills it is EFBIG: never a */
                                  /* truncated read taken for the whole) */
     unsigned long long dev, ino; /* SBX_FS_STAT: out */
-    int fd;                      /* in: SBX_FS_V1_EVENT, SBX_FS_CLOSE; out: SBX_FS_OPEN_* */
+    int fd;                      /* in: SBX_FS_V1_EVENT, SBX_FS_CLOSE, SBX_FS_PREAD; out: */
+                                 /* SBX_FS_OPEN_* */
     int err;                     /* out: 0, or the errno it failed with (-1: not run) */
 };
 
-/* The buffer the binding gives each SBX_FS_READ: the cgroup files read
+/* The buffer the binding gives each SBX_FS_READ and SBX_FS_PREAD: the cgroup files read
  * this way (counters, stat lines) are a few hundred bytes. */
 #define SBX_FS_READ_MAX 8192
 

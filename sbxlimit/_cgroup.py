@@ -505,25 +505,12 @@ def _close_all(fds: list[int]) -> None:
 _reading: set[Cgroup] = set()
 
 
-def _pread_all(keys: list[tuple[str, str]], readers: dict[tuple[str, str], int]) -> list[_Result]:
-    """Each kept file read whole from its start, as fs_batch's FS_READ
-    reports it: the bytes (to the end: never a short read taken for the
-    file), EFBIG when they fill the buffer, else the errno."""
-    out: list[_Result] = []
-    cap = _core.FS_READ_MAX
-    for k in keys:
-        data = b""
-        try:
-            while len(data) < cap:
-                chunk = os.pread(readers[k], cap - len(data), len(data))
-                if not chunk:
-                    break
-                data += chunk
-        except OSError as e:
-            out.append(e.errno or errno.EIO)
-            continue
-        out.append(errno.EFBIG if len(data) >= cap else data)
-    return out
+def _pread_all(fds: list[int]) -> list[_Result]:
+    """Each kept file read whole from its start in one core call, as
+    fs_batch's FS_READ reports it: the bytes (to the end: never a short
+    read taken for the file), EFBIG when they fill the buffer, else the
+    errno."""
+    return _core.fs_batch([(_core.FS_PREAD, "", None, fd) for fd in fds], False)
 
 
 # Settings a kernel may lack (no swap accounting, older kernels): skipped.
@@ -1051,7 +1038,8 @@ class Cgroup:
             with _recording:
                 readers = self._kept_readers(keys, steps)
                 if readers:
-                    results = _pread_all(keys, readers)
+                    # The one not kept as a reader is v1's task count.
+                    results = _pread_all([readers.get(k, self.count_fd) for k in keys])
         if results is None:
             results = _core.fs_batch(steps, False)
         for k, (_op, path, _d), r in zip(keys, steps, results, strict=True):
@@ -1071,23 +1059,30 @@ class Cgroup:
     def _kept_readers(
         self, keys: list[tuple[str, str]], steps: list[tuple[int, str, None]]
     ) -> dict[tuple[str, str], int] | None:
-        """usage()'s files, opened at its first call and kept: then a read
-        each (pread: 0.9 us here, where an open, a read and a close took
-        6.6 us), for a dashboard that polls many sandboxes.  None past the
+        """usage()'s files, opened at its first call and kept: then read
+        again from their start, all in one core call (where an open, a read
+        and a close took 6.6 us a file), for a dashboard that polls many
+        sandboxes.  None past the
         first half of the fd budget, the rest left to the event fds that
         enforce limits (read by path then, as before); recorded for a
         fork's child, which closes them (_fork_child).  (_recording held:
         a fork waits until they are recorded.)"""
         if self.readers is not None or self.removed:
             return self.readers or None
-        opened = [(_core.FS_OPEN_READ, path, None) for _op, path, _d in steps]
-        got = _core.fs_batch(opened, True)
+        # v1's task count is open already (the exit's check, Cgroup.arm):
+        # read through it, one fd fewer a sandbox (more of them fit).
+        todo = [
+            (k, path)
+            for k, (_op, path, _d) in zip(keys, steps, strict=True)
+            if not (k == ("pids", "pids.current") and self.count_fd >= 0)
+        ]
+        got = _core.fs_batch([(_core.FS_OPEN_READ, path, None) for _k, path in todo], True)
         fds = [r[0] for r in got if type(r) is tuple]
-        if len(fds) < len(keys) or any(fd >= fd_budget() // 2 for fd in fds):
+        if len(fds) < len(todo) or any(fd >= fd_budget() // 2 for fd in fds):
             _close_all(fds)
             self.readers = {}
             return None
-        self.readers = dict(zip(keys, fds, strict=True))
+        self.readers = dict(zip([k for k, _p in todo], fds, strict=True))
         _reading.add(self)
         return self.readers
 

@@ -52,6 +52,7 @@ FS_OPEN_READ: int
 FS_V1_EVENT: int
 FS_CLOSE: int
 FS_RM_WORKSPACE: int
+FS_PREAD: int
 FS_READ_MAX: int
 
 def spawn(

@@ -131,6 +131,35 @@ def test_opens_are_kept_close_on_exec_and_closed_by_number(tmp_path):
     assert _core.fs_batch([(_core.FS_CLOSE, "", None, never)], False) == [errno.EBADF]
 
 
+def test_a_kept_file_is_read_whole_from_its_start_each_time(tmp_path):
+    # usage()'s kept files: read again at each call, whatever was read before
+    # (a read() at the fd's offset would find nothing the second time), and
+    # never in part.
+    f = tmp_path / "f"
+    f.write_bytes(b"123\n")
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.read(fd, 100)  # the fd's own offset is at the end
+        step = (_core.FS_PREAD, "", None, fd)
+        assert _core.fs_batch([step, step], False) == [b"123\n", b"123\n"]
+        f.write_bytes(b"4567\n")  # same inode, rewritten
+        assert _core.fs_batch([step], False) == [b"4567\n"]
+        f.write_bytes(b"x" * _core.FS_READ_MAX)
+        assert _core.fs_batch([step], False) == [errno.EFBIG]
+        # A procfs file, longer than one read gives: whole.
+        with open("/proc/self/status", "rb") as fobj:
+            lines = len(fobj.read().splitlines())
+        status = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            (got,) = _core.fs_batch([(_core.FS_PREAD, "", None, status)], False)
+            assert isinstance(got, bytes) and len(got.splitlines()) == lines
+        finally:
+            os.close(status)
+    finally:
+        os.close(fd)
+    assert _core.fs_batch([(_core.FS_PREAD, "", None, fd)], False) == [errno.EBADF]
+
+
 def test_a_v1_event_line_names_the_eventfd_and_the_watched_file(tmp_path):
     # cgroup v1's cgroup.event_control takes "<eventfd> <fd of the watched
     # file>[ <arg>]" in one write; here a plain file shows the line.
