@@ -145,6 +145,16 @@ def leader_exited(pid: int) -> bool:
         return True
 
 
+def _zombie(pid: int) -> bool:
+    """`pid` (our child) has exited and is not reaped: its zombie pins its
+    process group id.  False once reaped elsewhere (SIGCHLD ignored, a
+    handler's waitpid): the id may be another group's by now."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
+
+
 class Watch:
     """Supervisor state of one sandbox, shared by its Popen and the monitor."""
 
@@ -719,7 +729,8 @@ class Monitor:
             self._schedule(w)
 
     def _leader_exited(self, w: Watch) -> None:
-        # The zombie leader still holds the group id: safe to signal it.
+        # The zombie leader still holds the group id: safe to signal it
+        # (checked: reaped elsewhere, it holds nothing).
         if w.on_exit is not None:
             w.on_exit()
         w.done = True
@@ -730,7 +741,7 @@ class Monitor:
         if w.cgroup is not None:
             # Not until empty: its caller does that at the reap.
             w.cgroup.kill(until_empty=False)
-        elif w.pgid > 0:
+        elif w.pgid > 0 and _zombie(w.pid):
             try:
                 os.killpg(w.pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

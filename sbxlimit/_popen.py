@@ -272,13 +272,16 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             # leaves a with-block of its copy would kill the sandbox).
             return (self.pid, 0)
         if sbx.reaps_carefully:
+            pinned = True
             try:
                 info = _waitid(_P_PID, self.pid, _WNOWAIT | (wait_flags & _WNOHANG))
             except ChildProcessError:
-                info = True
+                # Reaped elsewhere already (SIGCHLD ignored, a handler's
+                # waitpid): no zombie pins its group id any more.
+                info, pinned, sbx.gone = True, False, True
             if info is None:
                 return (0, 0)
-            sbx.leader_exited(_monotonic())
+            sbx.leader_exited(_monotonic(), pinned=pinned)
         try:
             pid, sts, rusage = _wait4(self.pid, wait_flags)
         except ChildProcessError:
@@ -286,6 +289,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             # subprocess), but the sandbox is over: clean up all the same.
             pid, sts, rusage = self.pid, 0, None
         if pid == self.pid:
+            # Before the rest of the reap's work (a cgroup let go, a
+            # workspace measured): from here on its pid and group may be
+            # another's, and another thread's kill_tree() must not signal
+            # them while this one still holds the wait lock.
+            sbx.gone = True
             sts = sbx.reaped(sts, rusage, _monotonic())
         return (pid, sts)
 
@@ -422,9 +430,11 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         if grace is None:
             grace = self.limits.kill_grace if self.limits is not None else 5.0
         grace = parse_seconds("grace", grace, allow_zero=True)
-        if not self._child_created:
-            return
         sbx = self._sbx
+        if not self._child_created or sbx.owner_pid != os.getpid():
+            # A fork's copy owns nothing (its wait lock may even be held by
+            # a thread that the fork did not copy).
+            return
         # What the leader leaves in its group is killed at reap, while its
         # zombie still pins the group id (see _try_wait).
         sbx.kill_group = sbx.pgid

@@ -40,6 +40,7 @@ import dataclasses
 import errno
 import ipaddress
 import logging
+import os
 import re
 import socket
 import threading
@@ -1260,3 +1261,16 @@ def shared() -> ProxyServer:
         if _shared is None or _shared.closed:
             _shared = ProxyServer()
         return _shared
+
+
+def _forget_after_fork() -> None:
+    # The parent's server runs on a thread the child does not have: a
+    # sandbox of the child's would wait for it for ever.  The child starts
+    # its own at its first use.
+    global _shared, _shared_lock
+    _shared = None
+    _shared_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

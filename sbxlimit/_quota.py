@@ -16,8 +16,10 @@ process and host that names it (``store=``; ``_redis.RedisBudget``).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
+import weakref
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +98,7 @@ class Quota:
         self.wait = None if wait is None else parse_seconds("Quota.wait", wait, allow_zero=True)
         self._used = dict.fromkeys(budget, 0)
         self._cond = threading.Condition()
+        _quotas.add(self)
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError("Quota.name", name, "expected a non-empty string")
         from ._redis import resolve
@@ -245,6 +248,23 @@ class Quota:
             for f, n in adm._held.items():
                 self._used[f] -= n
             self._cond.notify_all()
+
+
+# In-memory quotas, for a fork's child: what they hold is its parent's.
+_quotas: weakref.WeakSet[Quota] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    # A fork's child holds none of its parent's admissions (a fork's copy
+    # owns nothing: it never gives them back), and a lock held by another
+    # thread at the fork would never be released.
+    for q in list(_quotas):
+        q._cond = threading.Condition()
+        q._used = dict.fromkeys(q.budget, 0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _audit_denied(err: QuotaExceeded) -> None:

@@ -210,6 +210,9 @@ class Sandbox:
     tree_pgid = 0  # same, and what it leaves there is killed at exit
     kill_group = 0  # kill_tree() asked: kill the group at reap
     killed_by_caller = False
+    # The leader was reaped, here or elsewhere (SIGCHLD ignored, a handler's
+    # waitpid): its pid and group id are free for reuse, never signalled.
+    gone = False
     watch: Watch | None = None
     flush: list[Pump] = []  # noqa: RUF012  (never mutated: replaced per instance)
 
@@ -935,9 +938,15 @@ class Sandbox:
             or self.cgroup is not None
         )
 
-    def leader_exited(self, now: float) -> None:
+    def ours_to_signal(self) -> bool:
+        """The program's pid and group are ours to signal: this process
+        started it (a fork's copy owns nothing) and has not seen it reaped."""
+        return not self.gone and self.owner_pid == os.getpid()
+
+    def leader_exited(self, now: float, *, pinned: bool = True) -> None:
         """The leader exited, not yet reaped (its zombie pins its group id):
-        end what it left behind."""
+        end what it left behind.  Not `pinned`: reaped elsewhere already,
+        so its group id may be another's now: only the cgroup is ended."""
         w = self.watch
         if w is not None:
             get_monitor().unregister(w)
@@ -950,7 +959,7 @@ class Sandbox:
             # End everything it left, wherever it went (v1: one read of a
             # task count when nothing is left, the common case).
             self.cgroup.kill(leader_gone=True)
-        elif pgid > 0:
+        elif pgid > 0 and pinned:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -1047,6 +1056,8 @@ class Sandbox:
     def caller_kills(self) -> None:
         """The caller ends the sandbox (kill_tree(), a cancelled asyncio
         wait): termination says so, and one `killed` event does."""
+        if not self.ours_to_signal():
+            return  # reaped already, or a fork's copy: nothing of ours to end
         self.kill_group = self.pgid
         if self.killed_by_caller:
             return
@@ -1055,8 +1066,10 @@ class Sandbox:
             audit.emit("killed", detail="kill_tree", **self.audit_fields())
 
     def signal_tree(self, sig: int) -> None:
-        """`sig` to the whole tree: its cgroup, its group, its descendants."""
-        signal_tree(self.pid, sig, self.pgid, self.cgroup)
+        """`sig` to the whole tree: its cgroup, its group, its descendants
+        (nothing once the leader was reaped: its ids may be another's)."""
+        if self.ours_to_signal():
+            signal_tree(self.pid, sig, self.pgid, self.cgroup)
 
     # -- usage and evidence ------------------------------------------------------
 

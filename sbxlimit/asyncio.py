@@ -208,6 +208,8 @@ class Process:
         g = parse_seconds("grace", grace, allow_zero=True)
         if self._exited.done():
             return int(self._exited.result())
+        if p._sbx.owner_pid != os.getpid():
+            return 0  # a fork's copy owns nothing: as its Popen, "no such child"
         p._sbx.caller_kills()
         if g > 0:
             p._sbx.signal_tree(signal.SIGTERM)
