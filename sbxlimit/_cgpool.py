@@ -144,6 +144,8 @@ class Pool:
                     # would leave its child fds nobody lists (owned()).
                     self._ready.setdefault(todo, []).append(cg)
                     cg = None
+        except FileExistsError:
+            pass  # the name is another process's (_mkdir_sandbox): the next call takes another
         except OSError as e:
             # Spawns make their own, and say what failed; stop asking.
             log.debug("sbxlimit: cgroup pool: %s", e)

@@ -389,9 +389,11 @@ def _collect_once(site: Site) -> None:
     if _collected or not site.version:
         return
     _collected = True
-    from ._gc import collect_cgroups
+    from ._gc import AUTO_MIN_AGE, collect_cgroups
 
-    collect_cgroups(parent for _c, parent in site.parents)
+    # Only what no live process can hold: its owner may live in another PID
+    # namespace, where its pid means nothing here (_gc).
+    collect_cgroups((parent for _c, parent in site.parents), min_age=AUTO_MIN_AGE)
 
 
 def move_self_to_leaf() -> str:
@@ -1245,7 +1247,14 @@ def _mkdir_sandbox(path: str, ctrl: str, site: Site) -> None:
         return
     except FileExistsError:
         # Left by an earlier process that had our pid (gc cannot tell it
-        # from us): an empty one is stale.  rmdir refuses a populated one.
+        # from us): an old empty one is stale (rmdir refuses a populated
+        # one).  A recent one may be a live process's that has our pid in
+        # another PID namespace: never removed (the caller takes another
+        # name).
+        from ._gc import AUTO_MIN_AGE, old_enough
+
+        if not old_enough(path, AUTO_MIN_AGE):
+            raise
         os.rmdir(path)
     except FileNotFoundError:
         # Our grouping cgroup was removed under us: make it again.

@@ -5,6 +5,15 @@ cgroups ``sbx-<pid hex>-<n>`` (and the doctor's ``sbxlimit-probe-<pid>``),
 temporary workspaces ``sbxlimit-<pid hex>-<n>-*``.  An entry whose owner is
 no longer running is a leftover; an entry of a live process is never
 touched, and neither is anything with another name.
+
+"No longer running" is asked in the asker's PID namespace, where a live
+process of another one (a container sharing the cgroup tree, an sbxlimit
+running inside a sandbox with a PID namespace of its own) looks dead.  The
+collection each process makes by itself at its first sandbox (which runs
+wherever sbxlimit runs) takes only entries older than ``AUTO_MIN_AGE``: a
+live process never leaves its own empty cgroups that long (those made
+ahead and those ending go within seconds).  ``python -m sbxlimit gc``, asked
+for by an operator, takes every leftover it sees.
 """
 
 from __future__ import annotations
@@ -13,11 +22,14 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable
 
 from ._cgroupfs import sandbox_parents
 
-__all__ = ["collect", "collect_cgroups", "owner_alive"]
+__all__ = ["AUTO_MIN_AGE", "collect", "collect_cgroups", "old_enough", "owner_alive"]
+
+AUTO_MIN_AGE = 600.0  # seconds: see the module's docstring
 
 _CGROUP = re.compile(r"^sbx-([0-9a-f]+)-[0-9]+$")
 _PROBE = re.compile(r"^sbxlimit-probe-([0-9]+)$")
@@ -42,8 +54,22 @@ def _owner(name: str, *patterns: tuple[re.Pattern[str], int]) -> int | None:
     return None
 
 
-def collect_cgroups(parents: Iterable[str], *, dry_run: bool = False) -> list[str]:
-    """Remove empty sbx-* cgroups of dead owners under `parents`."""
+def old_enough(path: str, min_age: float) -> bool:
+    """`path` was last modified `min_age` seconds ago or more (a cgroup
+    directory's modification time is its mkdir's)."""
+    if min_age <= 0:
+        return True
+    try:
+        return time.time() - os.stat(path).st_mtime >= min_age
+    except OSError:
+        return False
+
+
+def collect_cgroups(
+    parents: Iterable[str], *, dry_run: bool = False, min_age: float = 0.0
+) -> list[str]:
+    """Remove empty sbx-* cgroups of dead owners under `parents`, made
+    `min_age` seconds ago or more."""
     removed: list[str] = []
     for parent in parents:
         try:
@@ -54,6 +80,8 @@ def collect_cgroups(parents: Iterable[str], *, dry_run: bool = False) -> list[st
             pid = _owner(name, (_CGROUP, 16), (_PROBE, 10))
             path = os.path.join(parent, name)
             if pid is None or owner_alive(pid) or not os.path.isdir(path):
+                continue
+            if not old_enough(path, min_age):
                 continue
             # rmdir refuses a cgroup that still holds processes: those are
             # left alone and reported by doctor, never killed here.

@@ -615,7 +615,13 @@ class Sandbox:
                 self._id = cg.name.removeprefix("sbx-")
                 return cg
         try:
-            return Cgroup.create(site, f"sbx-{self.id}", settings)
+            try:
+                return Cgroup.create(site, f"sbx-{self.id}", settings)
+            except FileExistsError:
+                # Another process's, with our pid in another PID namespace
+                # (_mkdir_sandbox): the sandbox takes another id.
+                self._id = None
+                return Cgroup.create(site, f"sbx-{self.id}", settings)
         except OSError as e:
             raise setup_error("cgroup:create", e.errno or errno.EIO, 0, e.filename) from e
 

@@ -7,6 +7,7 @@ own tests at the end."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from sbxlimit._cgroup import _V1, Cgroup, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
 
-from .conftest import _fds, alive, in_a_fork, kept_in_a_fork, wait_gone
+from .conftest import _fds, alive, in_a_fork, kept_in_a_fork, privileges, wait_gone
 
 PY = sys.executable
 SITE = discover()
@@ -41,6 +42,7 @@ def mine() -> list[str]:
     return [
         os.path.join(parent, n)
         for _c, parent in SITE.parents
+        if os.path.isdir(parent)  # an unused grouping cgroup may be gone (gc)
         for n in os.listdir(parent)
         if n.startswith(prefix)
     ]
@@ -515,13 +517,50 @@ def test_crashed_supervisors_leftovers_are_collected(tmp_path):
         time.sleep(0.05)
     assert leftovers(name) == [] and f"{name}" in out
 
-    # ... and by the next process that starts a sandbox.
-    name = crash()
-    time.sleep(0.2)  # the pdeathsig kill empties it
+    # ... and by the next process that starts a sandbox, once no live
+    # process can hold them (its owner may run in another PID namespace):
+    # a recent one stays, an old one goes.
+    from sbxlimit._gc import AUTO_MIN_AGE
+
+    recent, name = crash(), crash()
+    time.sleep(0.2)  # the pdeathsig kill empties them
+    old = time.time() - AUTO_MIN_AGE - 60
+    for path in leftovers(name):
+        os.utime(path, (old, old))
     subprocess.run(
         [PY, "-c", "import sbxlimit; sbxlimit.run(['true'], limits={'pids': 8})"], check=True
     )
     assert leftovers(name) == []
+    assert leftovers(recent) != []
+    subprocess.run([PY, "-m", "sbxlimit", "gc"], capture_output=True, check=True)
+    assert leftovers(recent) == []
+
+
+@needs_cgroup
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"),
+    reason=f"a PID namespace of the second process's own needs root ({privileges()})",
+)
+def test_another_pid_namespace_s_sbxlimit_leaves_our_cgroups_alone():
+    # A second sbxlimit process in a PID namespace of its own (a container
+    # sharing the cgroup tree, `unshare --pid`) sees none of our processes
+    # alive: its first sandbox's automatic collection must not take the
+    # cgroups our supervisor made ahead, and our next sandbox still gets
+    # its limits.
+    lim = Limits(memory="64Mi", wall_time=10)
+    assert sbxlimit.run(["true"], limits=lim).returncode == 0
+    pool = get_monitor()._pool
+    deadline = time.monotonic() + 5
+    made = lambda: [d for d in pool.dirs() if os.path.isdir(d)]  # noqa: E731
+    while len({os.path.basename(d) for d in made()}) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # two made ahead
+    ready = sorted(made())
+    assert ready and set(ready) <= set(mine())
+    other = "import sbxlimit; sbxlimit.run(['true'], limits=sbxlimit.Limits(memory='64Mi'))"
+    subprocess.run(["unshare", "--pid", "--fork", PY, "-c", other], check=True, timeout=60)
+    assert set(ready) <= set(mine())
+    r = sbxlimit.run(["true"], limits=lim)
+    assert r.returncode == 0 and r.enforced["memory"].startswith("cgroup")
 
 
 @needs_cgroup
@@ -696,8 +735,20 @@ def test_create_falls_back_step_by_step_and_leaves_nothing():
         settings = (("", "memory.max", "67108864"),)
     else:
         settings = (("memory", "memory.limit_in_bytes", "67108864"),)
+    from sbxlimit._gc import AUTO_MIN_AGE
+
     name = f"sbx-{os.getpid():x}-stale-{time.monotonic_ns()}"
-    os.mkdir(os.path.join(dict(SITE.parents)[settings[0][0]], name))
+    left = os.path.join(dict(SITE.parents)[settings[0][0]], name)
+    os.mkdir(left)
+    # A recent one may be a live process's with our pid in another PID
+    # namespace: left alone, the name refused (the caller takes another).
+    with pytest.raises(FileExistsError):
+        Cgroup.create(SITE, name, settings)
+    assert os.path.isdir(left)
+    made = [p for _c, p in SITE.parents if os.path.exists(os.path.join(p, name))]
+    assert made == [os.path.dirname(left)]
+    old = time.time() - AUTO_MIN_AGE - 60
+    os.utime(left, (old, old))  # an old one is stale
     cg = Cgroup.create(SITE, name, settings)
     try:
         assert cg.dirs and all(os.path.isdir(d) for d in cg.dirs.values())
@@ -707,6 +758,28 @@ def test_create_falls_back_step_by_step_and_leaves_nothing():
     finally:
         assert cg.remove()
     assert not any(os.path.exists(os.path.join(p, name)) for _c, p in SITE.parents)
+
+
+@needs_cgroup
+def test_a_spawn_whose_cgroup_name_is_taken_recently_takes_another(monkeypatch):
+    # The name's owner may be a live process with our pid in another PID
+    # namespace: its cgroup stays, the sandbox gets another id.
+    from sbxlimit import _sandbox
+
+    taken = f"{os.getpid():x}-taken{time.monotonic_ns()}"
+    ids = iter([taken])
+    real = _sandbox._new_id
+    monkeypatch.setattr(_sandbox, "_new_id", lambda: next(ids, None) or real())
+    monkeypatch.setattr(get_monitor(), "take_cgroup", lambda *a: None)  # made in the spawn
+    other = os.path.join(SITE.parents[0][1], f"sbx-{taken}")
+    os.mkdir(other)
+    try:
+        with sbxlimit.Popen(["true"], limits=Limits(memory="64Mi")) as p:
+            assert p.wait() == 0
+            assert p.sandbox_id != taken and p.enforced["memory"].startswith("cgroup")
+        assert os.path.isdir(other)
+    finally:
+        os.rmdir(other)
 
 
 @needs_cgroup
