@@ -43,6 +43,11 @@ __all__ = ["Popen"]
 # (PR_SET_PDEATHSIG): ended and cleaned up at exit, see _end_at_exit.
 # Emptied in a fork's child: its parent's sandboxes are not its own.
 _dying_with_us: weakref.WeakSet[Popen] = weakref.WeakSet()
+# Sandboxes started from another thread with the default die_with_parent
+# (no parent-death signal: it would come when that thread ends): ended at
+# exit all the same, as the main thread's are by the signal.  The exit
+# takes their supervisor (wall_time, the watchdogs) and their workspace.
+_ended_at_exit: weakref.WeakSet[Popen] = weakref.WeakSet()
 
 
 class Popen(subprocess.Popen):  # type: ignore[type-arg]
@@ -242,6 +247,8 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         self._child_created = True
         if sbx.dies_with_us and sbx.cgroup is not None:
             _dying_with_us.add(self)
+        elif sbx.plan.active and not sbx.dies_with_us and sbx.die_with_parent is None:
+            _ended_at_exit.add(self)
         sbx.started(pid, piped=c2pread != -1 or errread != -1)
 
     # -- reaping ----------------------------------------------------------
@@ -476,7 +483,10 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 def _end_at_exit() -> None:
     """Sandboxes nobody waited for, and that die with this process anyway
     (the parent-death signal comes once it is gone): end them now, while
-    their cgroups can still be removed (the monitor's exit drain does it)."""
+    their cgroups can still be removed (the monitor's exit drain does it).
+    Then those started from another thread with the default
+    die_with_parent, which no signal ends: their supervisor and their
+    workspace go with this process."""
     end = time.monotonic() + 2.0
     for p in list(_dying_with_us):
         cg = p._sbx.cgroup
@@ -488,10 +498,18 @@ def _end_at_exit() -> None:
                 time.sleep(0.005)
         except Exception:  # at exit: never let one sandbox stop the rest
             pass
+    for p in list(_ended_at_exit):
+        if p.returncode is not None or p._sbx.owner_pid != os.getpid():
+            continue
+        try:
+            p.kill_tree(grace=0)
+        except Exception:
+            pass
 
 
 def _forget_after_fork() -> None:
     _dying_with_us.clear()
+    _ended_at_exit.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -496,6 +496,39 @@ def test_unwaited_sandbox_at_interpreter_exit_is_quiet():
     time.sleep(0.5)
 
 
+@pytest.mark.parametrize("die_with_parent", [None, False])
+def test_a_sandbox_started_from_a_thread_ends_at_interpreter_exit(die_with_parent):
+    # From another thread there is no parent-death signal by default (it
+    # would come when that thread ends): the exit ends the sandbox all the
+    # same, as it ends the main thread's, since it takes its supervisor
+    # (wall_time) and its workspace.  An explicit False lets it outlive us.
+    code = f"""
+import os, subprocess, threading, sbxlimit
+def start():
+    global p
+    p = sbxlimit.Popen(["sleep", "30"], limits=sbxlimit.Limits(wall_time=1),
+                       policy=sbxlimit.Policy(), die_with_parent={die_with_parent},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+t = threading.Thread(target=start)
+t.start()
+t.join()
+print(p.pid, p.workspace, flush=True)
+"""
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    pid_text, workspace = r.stdout.split()
+    pid = int(pid_text)
+    try:
+        if die_with_parent is None:
+            assert not alive(pid)  # reaped by the exit: gone at once
+            assert not os.path.exists(workspace)
+        else:
+            assert alive(pid)
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_setup_errors_pickle_with_their_errno_class():
     import pickle
 
