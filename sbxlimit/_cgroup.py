@@ -543,6 +543,7 @@ class Cgroup:
         "baselines",
         "batches",
         "count_fd",
+        "count_pid",
         "dirfd",
         "dirs",
         "events",
@@ -573,6 +574,7 @@ class Cgroup:
         # v1's pids.current, opened ahead (arm): at the leader's exit one
         # read says whether anything else is left (_only_the_leader).
         self.count_fd = -1
+        self.count_pid = 0  # the process that opened count_fd
         self.paths: dict[tuple[str, str], str | None] = {}
         # stats()'s reads as one core call, per (final, evidence): memoized.
         self.batches: dict[
@@ -725,6 +727,7 @@ class Cgroup:
             r = rest[-1]
             if type(r) is tuple and r[0] < budget:
                 self.count_fd = r[0]
+                self.count_pid = os.getpid()
             elif type(r) is tuple:
                 _close_all([r[0]])
 
@@ -1073,10 +1076,13 @@ class Cgroup:
             return self.readers or None
         # v1's task count is open already (the exit's check, Cgroup.arm):
         # read through it, one fd fewer a sandbox (more of them fit).
+        # Only in the process that opened it: a fork's child may have closed
+        # the number (by its directory) and given it to a file of its own.
+        shared = self.count_fd >= 0 and self.count_pid == os.getpid()
         todo = [
             (k, path)
             for k, (_op, path, _d) in zip(keys, steps, strict=True)
-            if not (k == ("pids", "pids.current") and self.count_fd >= 0)
+            if not (k == ("pids", "pids.current") and shared)
         ]
         got = _core.fs_batch([(_core.FS_OPEN_READ, path, None) for _k, path in todo], True)
         fds = [r[0] for r in got if type(r) is tuple]

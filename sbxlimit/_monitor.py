@@ -58,6 +58,7 @@ __all__ = [
     "Watch",
     "drain_before_exit",
     "get_monitor",
+    "kill_group_left",
     "settle_monitor",
     "signal_tree",
 ]
@@ -143,6 +144,23 @@ def leader_exited(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
+
+
+def kill_group_left(pgid: int) -> None:
+    """SIGKILL what is left in process group `pgid` once its leader was
+    reaped elsewhere (SIGCHLD ignored, a handler's waitpid), so that no
+    zombie pins the id.  While any member is left the kernel gives the
+    number to no one (a group's id pins it), so a group of that id is
+    still the sandbox's, unless a process has that pid again: then the
+    group emptied and the id is another's, and nothing is signalled.  (A
+    new group of that id whose leader has exited too would be taken for
+    ours: two events in the gap, and no zombie of our leader.)"""
+    if os.path.exists(f"/proc/{pgid}"):
+        return  # the pid is in use again: its group is not ours
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _zombie(pid: int) -> bool:
@@ -746,6 +764,8 @@ class Monitor:
                 os.killpg(w.pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        elif w.pgid > 0:
+            kill_group_left(w.pgid)
 
     def _tick(self, w: Watch, now: float) -> None:
         if w.done:

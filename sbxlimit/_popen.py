@@ -289,18 +289,29 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             if info is None:
                 return (0, 0)
             sbx.leader_exited(_monotonic(), pinned=pinned)
+        # The leader has exited (careful: seen above): its reap waits for
+        # another thread's kill_tree() to send all its signals (see
+        # Sandbox.signal_tree); otherwise, as in subprocess.
+        lock = sbx.signal_lock if sbx.reaps_carefully else None
+        if lock is not None:
+            lock.acquire()
         try:
-            pid, sts, rusage = _wait4(self.pid, wait_flags)
-        except ChildProcessError:
-            # SIGCHLD ignored or reaped elsewhere: status unknown (as in
-            # subprocess), but the sandbox is over: clean up all the same.
-            pid, sts, rusage = self.pid, 0, None
+            try:
+                pid, sts, rusage = _wait4(self.pid, wait_flags)
+            except ChildProcessError:
+                # SIGCHLD ignored or reaped elsewhere: status unknown (as in
+                # subprocess), but the sandbox is over: clean up all the same.
+                pid, sts, rusage = self.pid, 0, None
+            if pid == self.pid:
+                # Before the rest of the reap's work (a cgroup let go, a
+                # workspace measured): from here on its pid and group may
+                # be another's, and another thread's kill_tree() must not
+                # signal them while this one still holds the wait lock.
+                sbx.gone = True
+        finally:
+            if lock is not None:
+                lock.release()
         if pid == self.pid:
-            # Before the rest of the reap's work (a cgroup let go, a
-            # workspace measured): from here on its pid and group may be
-            # another's, and another thread's kill_tree() must not signal
-            # them while this one still holds the wait lock.
-            sbx.gone = True
             sts = sbx.reaped(sts, rusage, _monotonic())
         return (pid, sts)
 

@@ -40,12 +40,15 @@ _DEFAULT: Any = object()
 class Admission:
     """What one admitted sandbox holds; ``release()`` gives it back (once)."""
 
-    __slots__ = ("_grant", "_held", "_quota")
+    __slots__ = ("_generation", "_grant", "_held", "_quota")
 
     def __init__(self, quota: Quota, held: dict[str, int], grant: Grant | None = None) -> None:
         self._quota: Quota | None = quota
         self._held = held
         self._grant = grant  # the lease in a shared store
+        # The process that holds the room (a fork's child starts anew: its
+        # copies of its parent's admissions give nothing back there).
+        self._generation = quota._generation
 
     def release(self) -> None:
         """Give the room back; safe to call from several threads, twice."""
@@ -98,6 +101,7 @@ class Quota:
         self.wait = None if wait is None else parse_seconds("Quota.wait", wait, allow_zero=True)
         self._used = dict.fromkeys(budget, 0)
         self._cond = threading.Condition()
+        self._generation = 0  # a fork's child starts the next (_forget_after_fork)
         _quotas.add(self)
         if name is not None and (not isinstance(name, str) or not name):
             raise ConfigError("Quota.name", name, "expected a non-empty string")
@@ -245,6 +249,8 @@ class Quota:
             if adm._quota is None:
                 return  # released already, by another thread
             adm._quota = None
+            if adm._generation != self._generation:
+                return  # held in the parent of this fork's child: not its room
             for f, n in adm._held.items():
                 self._used[f] -= n
             self._cond.notify_all()
@@ -261,6 +267,7 @@ def _forget_after_fork() -> None:
     for q in list(_quotas):
         q._cond = threading.Condition()
         q._used = dict.fromkeys(q.budget, 0)
+        q._generation += 1
 
 
 if hasattr(os, "register_at_fork"):

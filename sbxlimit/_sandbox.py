@@ -55,7 +55,14 @@ from ._enforcement import Enforcement
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
 from ._limits import Limits
-from ._monitor import Watch, drain_before_exit, get_monitor, settle_monitor, signal_tree
+from ._monitor import (
+    Watch,
+    drain_before_exit,
+    get_monitor,
+    kill_group_left,
+    settle_monitor,
+    signal_tree,
+)
 from ._once import Once
 from ._plan import Held, Plan, plan, warn_downgrades
 from ._platform import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID
@@ -213,6 +220,9 @@ class Sandbox:
     # The leader was reaped, here or elsewhere (SIGCHLD ignored, a handler's
     # waitpid): its pid and group id are free for reuse, never signalled.
     gone = False
+    # Held across the check of `gone` and the signals that follow it, and
+    # by the reap (Popen._try_wait): a reap never frees the ids mid-way.
+    signal_lock: threading.Lock | None = None
     watch: Watch | None = None
     flush: list[Pump] = []  # noqa: RUF012  (never mutated: replaced per instance)
 
@@ -604,6 +614,7 @@ class Sandbox:
                 (p2cwrite, c2pread, errread), (p2cread != -1, child_out != -1, child_err != -1)
             )
         self.pid = pid
+        self.signal_lock = threading.Lock()
         return pid
 
     def _make_cgroup(self, site: Site, settings: tuple[tuple[str, str, str], ...]) -> Cgroup:
@@ -615,13 +626,15 @@ class Sandbox:
                 self._id = cg.name.removeprefix("sbx-")
                 return cg
         try:
-            try:
-                return Cgroup.create(site, f"sbx-{self.id}", settings)
-            except FileExistsError:
-                # Another process's, with our pid in another PID namespace
-                # (_mkdir_sandbox): the sandbox takes another id.
-                self._id = None
-                return Cgroup.create(site, f"sbx-{self.id}", settings)
+            for _ in range(64):
+                try:
+                    return Cgroup.create(site, f"sbx-{self.id}", settings)
+                except FileExistsError:
+                    # Another process's, with our pid in another PID
+                    # namespace (_mkdir_sandbox; it holds a few in a row):
+                    # the sandbox takes another id.
+                    self._id = None
+            return Cgroup.create(site, f"sbx-{self.id}", settings)
         except OSError as e:
             raise setup_error("cgroup:create", e.errno or errno.EIO, 0, e.filename) from e
 
@@ -952,7 +965,8 @@ class Sandbox:
     def leader_exited(self, now: float, *, pinned: bool = True) -> None:
         """The leader exited, not yet reaped (its zombie pins its group id):
         end what it left behind.  Not `pinned`: reaped elsewhere already,
-        so its group id may be another's now: only the cgroup is ended."""
+        so its group id may be another's now: the group's members are
+        ended one by one (_monitor.kill_group_left)."""
         w = self.watch
         if w is not None:
             get_monitor().unregister(w)
@@ -965,7 +979,9 @@ class Sandbox:
             # End everything it left, wherever it went (v1: one read of a
             # task count when nothing is left, the common case).
             self.cgroup.kill(leader_gone=True)
-        elif pgid > 0 and pinned:
+        elif pgid > 0 and not pinned:
+            kill_group_left(pgid)
+        elif pgid > 0:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -1073,9 +1089,19 @@ class Sandbox:
 
     def signal_tree(self, sig: int) -> None:
         """`sig` to the whole tree: its cgroup, its group, its descendants
-        (nothing once the leader was reaped: its ids may be another's)."""
-        if self.ours_to_signal():
+        (nothing once the leader was reaped: its ids may be another's).
+        The leader's reap waits until the signals are sent: killed by the
+        first of them, it must not be reaped, its pid given to another
+        process, before the last."""
+        if not self.ours_to_signal():
+            return  # (before the lock: a fork's copy of it may be held for ever)
+        lock = self.signal_lock
+        if lock is None:
             signal_tree(self.pid, sig, self.pgid, self.cgroup)
+            return
+        with lock:
+            if not self.gone:
+                signal_tree(self.pid, sig, self.pgid, self.cgroup)
 
     # -- usage and evidence ------------------------------------------------------
 

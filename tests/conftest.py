@@ -219,7 +219,12 @@ def in_a_fork(fn) -> str:
         try:
             os.write(w, fn().encode())
         finally:
-            os._exit(0)
+            try:  # what its sandboxes left (os._exit runs no atexit)
+                from sbxlimit._monitor import drain_before_exit
+
+                drain_before_exit()
+            finally:
+                os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
         text = f.read()

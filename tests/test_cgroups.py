@@ -766,20 +766,23 @@ def test_a_spawn_whose_cgroup_name_is_taken_recently_takes_another(monkeypatch):
     # namespace: its cgroup stays, the sandbox gets another id.
     from sbxlimit import _sandbox
 
-    taken = f"{os.getpid():x}-taken{time.monotonic_ns()}"
-    ids = iter([taken])
+    stamp = time.monotonic_ns()
+    taken = [f"{os.getpid():x}-taken{stamp}{i}" for i in range(3)]  # a few in a row
+    ids = iter(taken)
     real = _sandbox._new_id
     monkeypatch.setattr(_sandbox, "_new_id", lambda: next(ids, None) or real())
     monkeypatch.setattr(get_monitor(), "take_cgroup", lambda *a: None)  # made in the spawn
-    other = os.path.join(SITE.parents[0][1], f"sbx-{taken}")
-    os.mkdir(other)
+    others = [os.path.join(SITE.parents[0][1], f"sbx-{t}") for t in taken]
+    for other in others:
+        os.mkdir(other)
     try:
         with sbxlimit.Popen(["true"], limits=Limits(memory="64Mi")) as p:
             assert p.wait() == 0
-            assert p.sandbox_id != taken and p.enforced["memory"].startswith("cgroup")
-        assert os.path.isdir(other)
+            assert p.sandbox_id not in taken and p.enforced["memory"].startswith("cgroup")
+        assert all(os.path.isdir(other) for other in others)
     finally:
-        os.rmdir(other)
+        for other in others:
+            os.rmdir(other)
 
 
 @needs_cgroup
