@@ -68,15 +68,18 @@ def take_pid(pid):
             os.killpg(got, 9)
     raise SystemExit("could not take the pid")
 
-def bystander_alive(pid):
+def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
-            alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
-        alive = False
-    if alive:
+        return False
+
+def bystander_alive(pid):
+    there = alive(pid)
+    if there:
         os.killpg(pid, 9)
-    return alive
+    return there
 """
 
 
@@ -448,8 +451,10 @@ def test_what_a_leader_reaped_elsewhere_left_in_its_group_is_ended():
     # leader, and no zombie pins its group id.  The group is then not
     # signalled as a whole, but what the program left in it still is, one
     # process at a time (each started before the reap was seen).
-    code = """
-import os, signal, subprocess, time
+    code = (
+        _TAKE_PID
+        + """
+import signal
 import sbxlimit
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 p = sbxlimit.Popen(["sh", "-c", "sleep 61.2345 & echo $!"], stdout=subprocess.PIPE,
@@ -459,15 +464,12 @@ left = int(p.stdout.readline())
 p.stdout.close()
 p.wait()
 time.sleep(0.3)
-try:
-    with open(f"/proc/{left}/stat") as f:
-        alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
-except OSError:
-    alive = False
-if alive:
+there = alive(left)
+if there:
     os.kill(left, signal.SIGKILL)
-print(bool(p._sbx.plan.ns_flags & sbxlimit._platform.CLONE_NEWPID), alive)
+print(bool(p._sbx.plan.ns_flags & sbxlimit._platform.CLONE_NEWPID), there)
 """
-    pidns, alive = _run(code)
+    )
+    pidns, there = _run(code)
     assert pidns == "False"
-    assert alive == "False"
+    assert there == "False"
