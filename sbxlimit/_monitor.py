@@ -138,12 +138,19 @@ def _armed(w: Watch) -> bool:
     )
 
 
-def leader_exited(pid: int) -> bool:
-    """True once `pid` (our child) has exited; it is not reaped."""
+def _exit_state(pid: int) -> bool | None:
+    """Whether `pid` (our child) has exited, without reaping it: True (its
+    zombie pins its process group id), False (it runs), None (reaped
+    elsewhere already: SIGCHLD ignored, a handler's waitpid)."""
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
-        return True
+        return None
+
+
+def leader_exited(pid: int) -> bool:
+    """True once `pid` (our child) has exited; it is not reaped here."""
+    return _exit_state(pid) is not False
 
 
 def kill_group_left(pgid: int) -> None:
@@ -161,16 +168,6 @@ def kill_group_left(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _zombie(pid: int) -> bool:
-    """`pid` (our child) has exited and is not reaped: its zombie pins its
-    process group id.  False once reaped elsewhere (SIGCHLD ignored, a
-    handler's waitpid): the id may be another group's by now."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return False
 
 
 class Watch:
@@ -759,7 +756,7 @@ class Monitor:
         if w.cgroup is not None:
             # Not until empty: its caller does that at the reap.
             w.cgroup.kill(until_empty=False)
-        elif w.pgid > 0 and _zombie(w.pid):
+        elif w.pgid > 0 and _exit_state(w.pid):
             try:
                 os.killpg(w.pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

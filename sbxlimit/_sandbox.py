@@ -965,8 +965,8 @@ class Sandbox:
     def leader_exited(self, now: float, *, pinned: bool = True) -> None:
         """The leader exited, not yet reaped (its zombie pins its group id):
         end what it left behind.  Not `pinned`: reaped elsewhere already,
-        so its group id may be another's now: the group's members are
-        ended one by one (_monitor.kill_group_left)."""
+        so the group is signalled only while its id is still the
+        sandbox's (_monitor.kill_group_left)."""
         w = self.watch
         if w is not None:
             get_monitor().unregister(w)
