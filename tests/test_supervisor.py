@@ -527,6 +527,9 @@ print(p.pid, p.workspace, flush=True)
     finally:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+            wait_gone([pid])
+            # It outlived its owner, as asked: what it held is a leftover.
+            subprocess.run([PY, "-m", "sbxlimit", "gc"], capture_output=True, check=True)
 
 
 def test_setup_errors_pickle_with_their_errno_class():
