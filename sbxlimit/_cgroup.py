@@ -24,6 +24,7 @@ import atexit
 import dataclasses
 import errno
 import logging
+import math
 import os
 import resource
 import signal
@@ -451,6 +452,25 @@ def _kv(text: str) -> dict[str, int]:
         if len(parts) == 2 and parts[1].lstrip("-").isdigit():
             out[parts[0]] = int(parts[1])
     return out
+
+
+def _scaled(
+    user: float, system: float, total: int | None, per_second: float
+) -> tuple[float, float]:
+    """User and system seconds scaled to the precise `total` (in units of
+    1/`per_second`): the split is coarser than the sum, which the
+    cpu_time verdict reads, and the two must agree."""
+    if total is None:
+        return user, system
+    secs = total / per_second
+    both = user + system
+    if both <= 0:
+        return secs, 0.0
+    system = secs * system / both
+    user = secs - system
+    if user + system < secs:  # rounding: never report less than the total
+        user = math.nextafter(user, math.inf)
+    return user, system
 
 
 # A forked child closes the fds of ours it inherits: those recorded (by
@@ -1123,27 +1143,29 @@ class Cgroup:
         if v2:
             cpu = _kv(get("cpu", "cpu.stat"))
             if "user_usec" in cpu:
-                s.cpu_user = cpu["user_usec"] / 1e6
-                s.cpu_system = cpu.get("system_usec", 0) / 1e6
+                # usage_usec is what the cpu_time verdict reads; the kernel
+                # splits it into user and system apart, and their sum can
+                # fall short of it by a microsecond: scale them to it.
+                s.cpu_user, s.cpu_system = _scaled(
+                    cpu["user_usec"] / 1e6,
+                    cpu.get("system_usec", 0) / 1e6,
+                    cpu.get("usage_usec"),
+                    1e6,
+                )
             if "nr_throttled" in cpu:
                 s.throttled_periods = cpu["nr_throttled"]
                 s.throttled_seconds = cpu.get("throttled_usec", 0) / 1e6
         else:
             acct = _kv(get("cpuacct", "cpuacct.stat"))
             if "user" in acct:
-                s.cpu_user = acct["user"] / _USER_HZ
-                s.cpu_system = acct.get("system", 0) / _USER_HZ
                 total = get("cpuacct", "cpuacct.usage").strip()
-                if total.isdigit():  # ns, more precise than ticks: scale
-                    ticks = s.cpu_user + s.cpu_system
-                    secs = int(total) / 1e9
-                    if ticks > 0:
-                        s.cpu_user, s.cpu_system = (
-                            secs * s.cpu_user / ticks,
-                            secs * s.cpu_system / ticks,
-                        )
-                    else:
-                        s.cpu_user, s.cpu_system = secs, 0.0
+                # ns, more precise than ticks, and what the verdict reads
+                s.cpu_user, s.cpu_system = _scaled(
+                    acct["user"] / _USER_HZ,
+                    acct.get("system", 0) / _USER_HZ,
+                    int(total) if total.isdigit() else None,
+                    1e9,
+                )
             if "cpu" in self.dirs:
                 cpu = _kv(get("cpu", "cpu.stat"))
                 if "nr_throttled" in cpu:

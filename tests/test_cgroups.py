@@ -20,7 +20,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits, Policy, _core
-from sbxlimit._cgroup import _V1, Cgroup, _ensure_group_dir, discover
+from sbxlimit._cgroup import _V1, Cgroup, Site, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
 
@@ -1424,3 +1424,28 @@ def test_a_join_file_that_cannot_be_opened_is_named_and_the_others_closed():
 
 def _open_eventfds() -> set[int]:
     return {fd for fd, t in _fds().items() if t == "anon_inode:[eventfd]"}
+
+
+# Figures as the kernel printed them at a cpu_time verdict (cgroup v2 in the
+# UML guest): user_usec + system_usec fell a microsecond short of
+# usage_usec, the figure the verdict read.
+_CPU_STAT_V2 = "usage_usec 2000000\nuser_usec 1988461\nsystem_usec 11538\n"
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_usage_cpu_total_is_the_precise_total_the_verdict_reads(version: int) -> None:
+    """A sandbox ended for cpu_time=2 must not report 1.999999 s used: the
+    user/system split is coarser than the total (v2 rounds each part, v1
+    counts ticks), so the parts are scaled to the total."""
+    files = {
+        ("cpu", "cpu.stat"): _CPU_STAT_V2,
+        # v1: 199 + 0 ticks at USER_HZ against a nanosecond total
+        ("cpuacct", "cpuacct.stat"): f"user {2 * os.sysconf('SC_CLK_TCK') - 1}\nsystem 1\n",
+        ("cpuacct", "cpuacct.usage"): "2000000000\n",
+    }
+    cg = Cgroup(Site(version=version), "parsed")
+    s = cg.stats(final=True, evidence=False, get=lambda c, f: files.get((c, f), ""))
+    assert s.cpu_user is not None and s.cpu_system is not None
+    assert s.cpu_user + s.cpu_system >= 2
+    assert s.cpu_user + s.cpu_system == pytest.approx(2)
+    assert s.cpu_system < s.cpu_user  # the split is kept
