@@ -20,7 +20,6 @@ Rules kept here, and why:
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import errno
 import logging
@@ -35,6 +34,7 @@ from collections.abc import Callable, Iterable
 
 from . import _core
 from ._cgroupfs import mounts, own_cgroups
+from ._exit import at_exit
 from ._once import Once
 from ._plan import Holder, Plan, Request
 from ._pump import fd_ident
@@ -371,7 +371,7 @@ def _v2_mount_of(path: str) -> str:
     return best
 
 
-@atexit.register
+@at_exit
 def _remove_group_dirs() -> None:
     """At exit, the ``sbxlimit`` grouping cgroups go if they are empty
     (rmdir refuses otherwise); a process that needs one makes it again."""

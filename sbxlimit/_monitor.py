@@ -27,7 +27,6 @@ its pid cannot be reused under us.
 
 from __future__ import annotations
 
-import atexit
 import heapq
 import itertools
 import logging
@@ -44,6 +43,7 @@ from . import _core, _namespaces, _viewns, _workspace, audit
 from ._cgpool import Pool
 from ._cgroup import read_quiet
 from ._evidence import KillRecord, Samples
+from ._exit import at_exit, watch_multiprocessing
 from ._nspool import NsPool
 from ._platform import CLONE_NEWIPC, CLONE_NEWNET
 from ._pump import Pump, fd_ident
@@ -1392,6 +1392,7 @@ def get_monitor() -> Monitor:
         with _monitor_lock:
             if _monitor is None:
                 _monitor = Monitor()
+                watch_multiprocessing()
             m = _monitor
     return m
 
@@ -1426,4 +1427,4 @@ def _drain_at_exit() -> None:
     drain_before_exit()
 
 
-atexit.register(_drain_at_exit)
+at_exit(_drain_at_exit)

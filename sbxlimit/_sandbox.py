@@ -54,10 +54,10 @@ from ._cgroup import Cgroup, CgroupStats, Site, discover, warn_explicit_site
 from ._enforcement import Enforcement
 from ._errors import ConfigError, UnsupportedError, setup_error
 from ._evidence import Evidence, Usage, usage
+from ._exit import run as run_exit_steps
 from ._limits import Limits
 from ._monitor import (
     Watch,
-    drain_before_exit,
     get_monitor,
     kill_group_left,
     settle_monitor,
@@ -741,10 +741,7 @@ class Sandbox:
                     stream.flush()
                 except Exception:
                     pass
-            try:  # sandboxes the body started: no atexit runs after os._exit
-                drain_before_exit()
-            except Exception:
-                pass
+            run_exit_steps()  # sandboxes the body started: no atexit runs after os._exit
             os._exit(code & 0xFF)
 
     # -- the Seatbelt profile (macOS) ----------------------------------------

@@ -532,6 +532,61 @@ print(p.pid, p.workspace, flush=True)
             subprocess.run([PY, "-m", "sbxlimit", "gc"], capture_output=True, check=True)
 
 
+_MP_WORKER = """
+import multiprocessing as mp, os, sys
+from concurrent.futures import ProcessPoolExecutor
+import sbxlimit
+
+def work():
+    # a cgroup (where this machine has one) and a private workspace
+    sbxlimit.run(["true"], limits=sbxlimit.Limits(memory="64M", wall_time=10))
+    sbxlimit.run(["true"], policy=sbxlimit.Policy())
+    return os.getpid()
+
+def put_pid(q):
+    q.put(work())
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    if sys.argv[2] == "process":
+        q = ctx.SimpleQueue()
+        p = ctx.Process(target=put_pid, args=(q,))
+        p.start()
+        pids = [q.get()]
+        p.join()
+        assert p.exitcode == 0, p.exitcode
+    else:
+        with ProcessPoolExecutor(2, mp_context=ctx) as ex:
+            pids = sorted({f.result() for f in [ex.submit(work) for _ in range(4)]})
+    print(" ".join(f"{pid:x}" for pid in pids))
+"""
+
+
+@pytest.mark.parametrize("how", ["process", "executor"])
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_a_multiprocessing_child_s_sandboxes_leave_nothing_behind(tmp_path, method, how):
+    # Fork and forkserver children end with os._exit after multiprocessing's
+    # finalizers, never atexit: their cgroups (made ahead of need, or of
+    # sandboxes that ended) and their workspaces were left behind.
+    script = tmp_path / "worker.py"
+    script.write_text(_MP_WORKER)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    r = subprocess.run(
+        [PY, str(script), method, how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TMPDIR=str(temp)),
+    )
+    assert r.returncode == 0, r.stderr
+    owners = r.stdout.split()
+    assert owners
+    for owner in owners:
+        assert not glob.glob(f"/sys/fs/cgroup/**/sbx-{owner}-*", recursive=True), owner
+    assert not os.listdir(temp)
+
+
 def test_setup_errors_pickle_with_their_errno_class():
     import pickle
 
