@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from . import _core
+from . import _cgowner, _core
 from ._cgroupfs import mounts, own_cgroups
 from ._exit import at_exit
 from ._once import Once
@@ -373,8 +373,10 @@ def _v2_mount_of(path: str) -> str:
 
 @at_exit
 def _remove_group_dirs() -> None:
-    """At exit, the ``sbxlimit`` grouping cgroups go if they are empty
-    (rmdir refuses otherwise); a process that needs one makes it again."""
+    """At exit, our owner cgroups go (_cgowner), then the ``sbxlimit``
+    grouping cgroups if they are empty (rmdir refuses otherwise); a process
+    that needs one makes it again."""
+    _cgowner.release_all()
     for site in list(_cache.values()):
         for _c, parent in site.parents:
             if os.path.basename(parent) == GROUP_DIR:
@@ -618,6 +620,9 @@ class Cgroup:
         # v1: the cpu hierarchy only for a cpu limit (cpuacct counts usage);
         # every directory costs a mkdir, a join and an rmdir.
         skip = {"cpu"} if site.version == 1 and all(c != "cpu" for c, _f, _v in settings) else ()
+        for ctrl, parent in site.parents:
+            if ctrl not in skip:
+                _cgowner.hold(parent)  # before the name is ours: see _cgowner
         if cg._create_in_one_call(skip, settings):
             return cg
         try:

@@ -6,14 +6,18 @@ temporary workspaces ``sbxlimit-<pid hex>-<n>-*``.  An entry whose owner is
 no longer running is a leftover; an entry of a live process is never
 touched, and neither is anything with another name.
 
-"No longer running" is asked in the asker's PID namespace, where a live
-process of another one (a container sharing the cgroup tree, an sbxlimit
-running inside a sandbox with a PID namespace of its own) looks dead.  The
-collection each process makes by itself at its first sandbox (which runs
-wherever sbxlimit runs) takes only entries older than ``AUTO_MIN_AGE``: a
-live process never leaves its own empty cgroups that long (those made
-ahead and those ending go within seconds).  ``python -m sbxlimit gc``, asked
-for by an operator, takes every leftover it sees.
+For a cgroup, "no longer running" is first asked of its owner's lock
+(_cgowner), which every PID namespace sees alike: when it can be taken, the
+owner is gone and its cgroups go, however recent.  Without an owner lock
+(one that could not be made; a doctor's probe) it is asked by pid, in the
+asker's PID namespace, where a live process of another one (a container
+sharing the cgroup tree, an sbxlimit running inside a sandbox with a PID
+namespace of its own) looks dead.  The collection each process makes by
+itself at its first sandbox (which runs wherever sbxlimit runs) then takes
+only entries older than ``AUTO_MIN_AGE``: a live process never leaves its
+own empty cgroups that long (those made ahead and those ending go within
+seconds).  ``python -m sbxlimit gc``, asked for by an operator, takes every
+leftover it sees.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 
+from ._cgowner import OWNER_SUFFIX, claim, owner_path
 from ._cgroupfs import sandbox_parents
 
 __all__ = ["AUTO_MIN_AGE", "collect", "collect_cgroups", "old_enough", "owner_alive"]
@@ -32,6 +37,7 @@ __all__ = ["AUTO_MIN_AGE", "collect", "collect_cgroups", "old_enough", "owner_al
 AUTO_MIN_AGE = 600.0  # seconds: see the module's docstring
 
 _CGROUP = re.compile(r"^sbx-([0-9a-f]+)-[0-9]+$")
+_OWNER = re.compile(r"^sbx-([0-9a-f]+)" + re.escape(OWNER_SUFFIX) + "$")
 _PROBE = re.compile(r"^sbxlimit-probe-([0-9]+)$")
 _WORKSPACE = re.compile(r"^sbxlimit-([0-9a-f]+)-[0-9]+-")
 
@@ -68,30 +74,59 @@ def old_enough(path: str, min_age: float) -> bool:
 def collect_cgroups(
     parents: Iterable[str], *, dry_run: bool = False, min_age: float = 0.0
 ) -> list[str]:
-    """Remove empty sbx-* cgroups of dead owners under `parents`, made
-    `min_age` seconds ago or more."""
+    """Remove empty sbx-* cgroups of dead owners under `parents`: those
+    whose owner lock can be taken, and those without one whose pid is gone
+    here, made `min_age` seconds ago or more."""
     removed: list[str] = []
     for parent in parents:
         try:
             names = os.listdir(parent)
         except OSError:
             continue
+        locked: set[int] = set()  # owners with a lock here
+        claimed: dict[int, int] = {}  # of those, the gone ones: the lock's fd
         for name in names:
-            pid = _owner(name, (_CGROUP, 16), (_PROBE, 10))
-            path = os.path.join(parent, name)
-            if pid is None or owner_alive(pid) or not os.path.isdir(path):
-                continue
-            if not old_enough(path, min_age):
-                continue
-            # rmdir refuses a cgroup that still holds processes: those are
-            # left alone and reported by doctor, never killed here.
-            try:
-                if not dry_run:
-                    os.rmdir(path)
-                removed.append(f"cgroup {path}")
-            except OSError:
-                pass
+            pid = _owner(name, (_OWNER, 16))
+            if pid is not None:
+                locked.add(pid)
+                fd = claim(parent, pid)
+                if fd is not None:
+                    claimed[pid] = fd
+        try:
+            kept: set[int] = set()  # gone owners whose cgroups stay (populated)
+            for name in names:
+                pid = _owner(name, (_CGROUP, 16), (_PROBE, 10))
+                path = os.path.join(parent, name)
+                if pid is None or not os.path.isdir(path):
+                    continue
+                if pid in locked and _CGROUP.match(name):
+                    if pid not in claimed:
+                        continue  # its owner runs, in whatever namespace
+                elif owner_alive(pid) or not old_enough(path, min_age):
+                    continue
+                if _rmdir(path, dry_run):
+                    removed.append(f"cgroup {path}")
+                else:
+                    kept.add(pid)
+            for pid in claimed.keys() - kept:
+                path = owner_path(parent, pid)
+                if _rmdir(path, dry_run):
+                    removed.append(f"cgroup {path}")
+        finally:
+            for fd in claimed.values():
+                os.close(fd)
     return removed
+
+
+def _rmdir(path: str, dry_run: bool) -> bool:
+    # rmdir refuses a cgroup that still holds processes: those are left
+    # alone and reported by doctor, never killed here.
+    try:
+        if not dry_run:
+            os.rmdir(path)
+        return True
+    except OSError:
+        return False
 
 
 def collect(*, dry_run: bool = False) -> list[str]:

@@ -92,6 +92,20 @@ def holds(field: str) -> str:
     return f"doctor: {field} is held by {report().summary.get(field)!r} here"
 
 
+def can_choose_the_next_pid() -> bool:
+    """This process may choose the next pid (ns_last_pid)."""
+    # The file is writable by all; the write needs CAP_SYS_ADMIN.
+    path = "/proc/sys/kernel/ns_last_pid"
+    try:
+        with open(path) as f:
+            last = f.read()
+        with open(path, "w") as f:
+            f.write(last)
+    except OSError:
+        return False
+    return True
+
+
 def privileges() -> str:
     """A skip reason from doctor()'s facts about this process."""
     s = report().system

@@ -20,11 +20,20 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits, Policy, _core
+from sbxlimit._cgowner import owner_path
 from sbxlimit._cgroup import _V1, Cgroup, Site, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
 
-from .conftest import _fds, alive, in_a_fork, kept_in_a_fork, privileges, wait_gone
+from .conftest import (
+    _fds,
+    alive,
+    can_choose_the_next_pid,
+    in_a_fork,
+    kept_in_a_fork,
+    privileges,
+    wait_gone,
+)
 
 PY = sys.executable
 SITE = discover()
@@ -517,19 +526,42 @@ def test_crashed_supervisors_leftovers_are_collected(tmp_path):
         time.sleep(0.05)
     assert leftovers(name) == [] and f"{name}" in out
 
-    # ... and by the next process that starts a sandbox, once no live
-    # process can hold them (its owner may run in another PID namespace):
-    # a recent one stays, an old one goes.
+    # ... and by the next process that starts a sandbox, however recent:
+    # its owner's lock (_cgowner) says it is gone, in every PID namespace.
+    def owner_locks(name: str) -> list[str]:
+        pid = int(name.split("-")[1], 16)
+        paths = [owner_path(parent, pid) for _c, parent in SITE.parents]
+        return [p for p in paths if os.path.exists(p)]
+
+    def next_process() -> None:
+        code = "import sbxlimit; sbxlimit.run(['true'], limits={'pids': 8})"
+        subprocess.run([PY, "-c", code], check=True)
+
+    gone = crash()
+    time.sleep(0.2)  # the pdeathsig kill empties it
+    assert leftovers(gone)
+    locks = owner_locks(gone)  # os._exit ran no exit step
+    next_process()
+    assert leftovers(gone) == []
+    assert locks and not any(os.path.exists(p) for p in locks)
+
+    # Without an owner lock (where none could be made; an older sbxlimit's)
+    # the pid is asked here, and its owner may run in another PID
+    # namespace: a recent one stays, an old one goes.
     from sbxlimit._gc import AUTO_MIN_AGE
 
-    recent, name = crash(), crash()
-    time.sleep(0.2)  # the pdeathsig kill empties them
+    def crash_unlocked() -> str:
+        name = crash()
+        for path in owner_locks(name):
+            os.rmdir(path)
+        return name
+
+    recent, name = crash_unlocked(), crash_unlocked()
+    time.sleep(0.2)
     old = time.time() - AUTO_MIN_AGE - 60
     for path in leftovers(name):
         os.utime(path, (old, old))
-    subprocess.run(
-        [PY, "-c", "import sbxlimit; sbxlimit.run(['true'], limits={'pids': 8})"], check=True
-    )
+    next_process()
     assert leftovers(name) == []
     assert leftovers(recent) != []
     subprocess.run([PY, "-m", "sbxlimit", "gc"], capture_output=True, check=True)
@@ -561,6 +593,62 @@ def test_another_pid_namespace_s_sbxlimit_leaves_our_cgroups_alone():
     assert set(ready) <= set(mine())
     r = sbxlimit.run(["true"], limits=lim)
     assert r.returncode == 0 and r.enforced["memory"].startswith("cgroup")
+
+
+_IN_ANOTHER_PID_NS = """
+import os, sys, time, sbxlimit
+from sbxlimit._monitor import get_monitor
+
+lim = sbxlimit.Limits(memory="64Mi", wall_time=10)
+assert sbxlimit.run(["true"], limits=lim).returncode == 0
+pool = get_monitor()._pool
+deadline = time.monotonic() + 5
+made = lambda: sorted(d for d in pool.dirs() if os.path.isdir(d))
+while len({os.path.basename(d) for d in made()}) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)  # two made ahead
+print(os.getpid(), *made(), flush=True)
+sys.stdin.read()  # until the test has run its gc
+r = sbxlimit.run(["true"], limits=lim)
+print(r.returncode, r.enforced["memory"], flush=True)
+"""
+
+
+@needs_cgroup
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare") or not can_choose_the_next_pid(),
+    reason=f"a PID namespace whose next pid is chosen needs root ({privileges()})",
+)
+def test_gc_leaves_a_live_sbxlimit_of_another_pid_namespace_alone():
+    # An sbxlimit process in a PID namespace of its own, whose pid is free
+    # here: asked by pid, it is gone, and `sbxlimit gc` took the cgroups
+    # its supervisor made ahead (its next sandbox then failed).  Its owner
+    # lock says it runs.
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid_max = int(f.read())
+    free = next(n for n in range(pid_max - 1000, 300, -7) if not os.path.exists(f"/proc/{n}"))
+    inside = f"echo {free - 1} > /proc/sys/kernel/ns_last_pid; {PY} -c '{_IN_ANOTHER_PID_NS}'"
+    with subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", inside],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as p:
+        try:
+            assert p.stdout is not None and p.stdin is not None
+            first = p.stdout.readline().split()
+            assert first and int(first[0]) == free, first
+            ready = first[1:]
+            assert ready and not alive(free)  # gone, asked here
+            subprocess.run([PY, "-m", "sbxlimit", "gc"], capture_output=True, check=True)
+            assert all(os.path.isdir(d) for d in ready)
+            p.stdin.close()
+            rc, memory = p.stdout.readline().split()
+            assert rc == "0" and memory.startswith("cgroup"), memory
+            assert p.wait(timeout=30) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert not [d for d in ready if os.path.exists(d)]  # its exit removed them
 
 
 @needs_cgroup

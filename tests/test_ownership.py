@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from .conftest import privileges
+from .conftest import can_choose_the_next_pid, privileges
 
 PY = sys.executable
 
@@ -83,21 +83,8 @@ def bystander_alive(pid):
 """
 
 
-def _can_choose_the_next_pid() -> bool:
-    # The file is writable by all; the write needs CAP_SYS_ADMIN.
-    path = "/proc/sys/kernel/ns_last_pid"
-    try:
-        with open(path) as f:
-            last = f.read()
-        with open(path, "w") as f:
-            f.write(last)
-    except OSError:
-        return False
-    return True
-
-
 needs_next_pid = pytest.mark.skipif(
-    not _can_choose_the_next_pid(),
+    not can_choose_the_next_pid(),
     reason=f"choosing the next pid needs CAP_SYS_ADMIN ({privileges()})",
 )
 

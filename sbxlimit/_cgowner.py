@@ -1,0 +1,180 @@
+"""Whether the process that named a sandbox cgroup still runs, in a way
+every PID namespace can ask.
+
+A sandbox cgroup is named after its creator's pid (``sbx-<pid hex>-<n>``),
+but a pid means nothing in another PID namespace: a container sharing the
+cgroup tree, or an sbxlimit running inside a sandbox with a PID namespace
+of its own, sees a live owner as gone (or another process as the owner).
+So a process that makes sandbox cgroups under a parent first takes a
+shared ``flock`` on ``<parent>/sbx-<pid hex>.owner``, an empty cgroup, and
+holds it for its life: the cgroup tree is what everyone who shares the
+cgroups sees, and the kernel drops the lock when the process is gone,
+whatever its namespace.
+
+A collector that takes the lock exclusively (`claim`) knows that every
+process that named cgroups ``sbx-<pid hex>-*`` there is gone: two live
+processes with the same pid in two namespaces both hold it (shared), and
+the collector takes neither's.  It holds the lock while it removes them; a
+new process with that pid waits for it (briefly) and then makes the owner
+cgroup again.  Where no owner cgroup can be made, leftovers are judged by
+the pid and their age (_gc).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["OWNER_SUFFIX", "claim", "hold", "owner_path", "release_all", "release_idle"]
+
+OWNER_SUFFIX = ".owner"
+
+# parent -> the fd holding our shared lock there, or -1: could not be made
+# (not asked again).
+_held: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def owner_path(parent: str, pid: int) -> str:
+    return os.path.join(parent, f"sbx-{pid:x}{OWNER_SUFFIX}")
+
+
+def hold(parent: str) -> None:
+    """This process's shared lock in `parent`, taken before its first
+    cgroup there (cheap once taken).  Best effort: without it, our
+    leftovers are judged by pid and age."""
+    if parent in _held:
+        return
+    with _lock:
+        if parent not in _held:
+            fd = _take(owner_path(parent, os.getpid()))
+            if fd is not None:
+                _held[parent] = fd
+
+
+def _take(path: str) -> int | None:
+    """The fd of `path` locked shared; -1 if it cannot be; None if the
+    parent itself is missing (made again with the next cgroup: ask then)."""
+    give_up = time.monotonic() + 0.5
+    while time.monotonic() < give_up:
+        try:
+            os.mkdir(path, 0o700)  # no other user may open it, and so lock it
+        except FileExistsError:
+            pass  # a dead owner's, or a live one's with our pid elsewhere
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return -1
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # a collector removed it between the two calls
+        except OSError:
+            return -1
+        try:
+            # Never waits: a collector holds it for a few rmdirs, and a
+            # process that holds it exclusively for longer (anyone who can
+            # open the directory can) must not stop our spawns.
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
+                os.close(fd)
+                return -1
+        os.close(fd)  # removed by the collector that held it: make it again
+        time.sleep(0.001)
+    return -1
+
+
+def claim(parent: str, pid: int) -> int | None:
+    """The owner cgroup of `pid` in `parent` locked exclusively (its fd:
+    every process that held it is gone; close it when done), or None: one
+    still runs, or there is no owner cgroup."""
+    path = owner_path(parent, pid)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def release_all() -> None:
+    """At exit: remove our owner cgroups where no one else holds them (a
+    process with our pid in another namespace, a fork's body that still
+    runs), then let go.  Our sandbox cgroups are gone by then, or
+    outlive us (die_with_parent=False), judged by pid and age."""
+    _release(lambda parent: True)
+
+
+def release_idle() -> None:
+    """Once every cgroup of ours is removed (Monitor.drain): let go where
+    none is left, so that a parent of the caller's own can be removed.  A
+    later cgroup there takes the lock again."""
+    prefix = f"sbx-{os.getpid():x}-"
+
+    def idle(parent: str) -> bool:
+        try:
+            return not any(n.startswith(prefix) for n in os.listdir(parent))
+        except OSError:
+            return False
+
+    _release(idle)
+
+
+def _release(which: Callable[[str], bool]) -> None:
+    with _lock:
+        held = [(parent, fd) for parent, fd in _held.items() if which(parent)]
+        for parent, _fd in held:
+            del _held[parent]
+    for parent, fd in held:
+        if fd < 0:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rmdir(owner_path(parent, os.getpid()))
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _before_fork() -> None:
+    _lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _lock.release()
+
+
+def _after_fork_in_child() -> None:
+    # Our copies of the parent's fds: closing them leaves its lock held
+    # (flock belongs to the open file, which the parent still has).  The
+    # child names its cgroups after its own pid and takes its own lock.
+    global _lock
+    _lock = threading.Lock()
+    for fd in _held.values():
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
