@@ -44,7 +44,11 @@ if TYPE_CHECKING:
 
 # Names load on first use (PEP 562): `import sbxlimit` -- and the pytest
 # plugin, loaded in every test session -- costs almost nothing until a
-# sandbox, the doctor or a gate is actually used.
+# sandbox, the doctor or a gate is actually used.  The exit steps' module
+# loads now: a multiprocessing child must hook its end before its target
+# returns, which may be before its first sandbox (one from a thread).
+from . import _exit  # noqa: F401
+
 _LAZY = {
     "Check": "_doctor",
     "Report": "_doctor",

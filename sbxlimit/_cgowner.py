@@ -29,13 +29,22 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["OWNER_SUFFIX", "claim", "hold", "owner_path", "release_all", "release_idle"]
+__all__ = [
+    "OWNER_SUFFIX",
+    "claim",
+    "hold",
+    "let_go",
+    "owner_path",
+    "release_all",
+    "release_idle",
+]
 
 OWNER_SUFFIX = ".owner"
 
-# parent -> the fd holding our shared lock there, or -1: could not be made
-# (not asked again).
+# parent -> the fd holding our shared lock there, or -1: could not be
+# taken (not asked again).
 _held: dict[str, int] = {}
+_claimed: set[int] = set()  # fds a collector holds exclusively (a fork's child closes them)
 _lock = threading.Lock()
 
 
@@ -57,12 +66,16 @@ def hold(parent: str) -> None:
 
 
 def _take(path: str) -> int | None:
-    """The fd of `path` locked shared; -1 if it cannot be; None if the
-    parent itself is missing (made again with the next cgroup: ask then)."""
-    give_up = time.monotonic() + 0.5
+    """The fd of `path` locked shared; -1 if it cannot be; None to ask
+    again with the next cgroup (the parent is missing and is made again
+    then; no fd was left).  An owner cgroup nobody holds says its owner is
+    gone: one we made and could not lock goes again."""
+    give_up = time.monotonic() + 0.1
     while time.monotonic() < give_up:
+        made = False
         try:
             os.mkdir(path, 0o700)  # no other user may open it, and so lock it
+            made = True
         except FileExistsError:
             pass  # a dead owner's, or a live one's with our pid elsewhere
         except FileNotFoundError:
@@ -74,10 +87,11 @@ def _take(path: str) -> int | None:
         except FileNotFoundError:
             continue  # a collector removed it between the two calls
         except OSError:
-            return -1
+            _unmake(path, made)
+            return None
         try:
             # Never waits: a collector holds it for a few rmdirs, and a
-            # process that holds it exclusively for longer (anyone who can
+            # process that holds it exclusively for longer (one that can
             # open the directory can) must not stop our spawns.
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
@@ -85,10 +99,19 @@ def _take(path: str) -> int | None:
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
                 os.close(fd)
+                _unmake(path, made)
                 return -1
         os.close(fd)  # removed by the collector that held it: make it again
         time.sleep(0.001)
     return -1
+
+
+def _unmake(path: str, made: bool) -> None:
+    if made:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
 
 
 def claim(parent: str, pid: int) -> int | None:
@@ -96,18 +119,27 @@ def claim(parent: str, pid: int) -> int | None:
     every process that held it is gone; close it when done), or None: one
     still runs, or there is no owner cgroup."""
     path = owner_path(parent, pid)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
+    with _lock:  # a fork meanwhile: its child closes the fd (_claimed)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                _claimed.add(fd)
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.fstat(fd).st_ino == os.stat(path).st_ino:
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
+
+
+def let_go(fd: int) -> None:
+    """Close a claimed owner cgroup's fd."""
+    with _lock:
+        _claimed.discard(fd)
+        os.close(fd)
 
 
 def release_all() -> None:
@@ -163,13 +195,14 @@ def _after_fork_in_child() -> None:
     # child names its cgroups after its own pid and takes its own lock.
     global _lock
     _lock = threading.Lock()
-    for fd in _held.values():
+    for fd in [*_held.values(), *_claimed]:
         if fd >= 0:
             try:
                 os.close(fd)
             except OSError:
                 pass
     _held.clear()
+    _claimed.clear()
 
 
 if hasattr(os, "register_at_fork"):

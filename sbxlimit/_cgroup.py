@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 
 from . import _cgowner, _core
 from ._cgroupfs import mounts, own_cgroups
-from ._exit import at_exit
+from ._exit import CGROUPS, at_exit
 from ._once import Once
 from ._plan import Holder, Plan, Request
 from ._pump import fd_ident
@@ -371,7 +371,7 @@ def _v2_mount_of(path: str) -> str:
     return best
 
 
-@at_exit
+@at_exit(CGROUPS)
 def _remove_group_dirs() -> None:
     """At exit, our owner cgroups go (_cgowner), then the ``sbxlimit``
     grouping cgroups if they are empty (rmdir refuses otherwise); a process
@@ -624,6 +624,7 @@ class Cgroup:
             if ctrl not in skip:
                 _cgowner.hold(parent)  # before the name is ours: see _cgowner
         if cg._create_in_one_call(skip, settings):
+            cg._held_again()
             return cg
         try:
             for ctrl, parent in site.parents:
@@ -650,7 +651,15 @@ class Cgroup:
         except BaseException:
             cg.remove()
             raise
+        cg._held_again()
         return cg
+
+    def _held_again(self) -> None:
+        """A drain may have let the lock go between hold() and the mkdir
+        (_cgowner.release_idle): take it again (a dict lookup if not)."""
+        for ctrl, parent in self.site.parents:
+            if ctrl in self.dirs:
+                _cgowner.hold(parent)
 
     def _create_in_one_call(
         self, skip: Iterable[str], settings: tuple[tuple[str, str, str], ...]

@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 
-from ._cgowner import OWNER_SUFFIX, claim, owner_path
+from ._cgowner import OWNER_SUFFIX, claim, let_go, owner_path
 from ._cgroupfs import sandbox_parents
 
 __all__ = ["AUTO_MIN_AGE", "collect", "collect_cgroups", "old_enough", "owner_alive"]
@@ -102,6 +102,12 @@ def collect_cgroups(
                 if pid in locked and _CGROUP.match(name):
                     if pid not in claimed:
                         continue  # its owner runs, in whatever namespace
+                    # Nobody holds the lock.  Its pid alive here: a process
+                    # with its pid (here or elsewhere), or the owner itself
+                    # if it could not keep the lock: not while it is recent.
+                    if owner_alive(pid) and not old_enough(path, max(min_age, AUTO_MIN_AGE)):
+                        kept.add(pid)
+                        continue
                 elif owner_alive(pid) or not old_enough(path, min_age):
                     continue
                 if _rmdir(path, dry_run):
@@ -114,7 +120,7 @@ def collect_cgroups(
                     removed.append(f"cgroup {path}")
         finally:
             for fd in claimed.values():
-                os.close(fd)
+                let_go(fd)
     return removed
 
 

@@ -43,7 +43,7 @@ from . import _cgowner, _core, _namespaces, _viewns, _workspace, audit
 from ._cgpool import Pool
 from ._cgroup import read_quiet
 from ._evidence import KillRecord, Samples
-from ._exit import at_exit, watch_multiprocessing
+from ._exit import DRAIN, at_exit, watch_multiprocessing
 from ._nspool import NsPool
 from ._platform import CLONE_NEWIPC, CLONE_NEWNET
 from ._pump import Pump, fd_ident
@@ -1428,4 +1428,4 @@ def _drain_at_exit() -> None:
     drain_before_exit()
 
 
-at_exit(_drain_at_exit)
+at_exit(DRAIN)(_drain_at_exit)

@@ -26,7 +26,7 @@ from . import _platform
 from ._enforcement import Enforcement
 from ._errors import ConfigError
 from ._evidence import Usage
-from ._exit import at_exit
+from ._exit import END_PROGRAMS, at_exit
 from ._limits import Limits
 from ._policy import Policy
 from ._quota import Quota
@@ -490,7 +490,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         return self._sbx.outcome(rc, created=self._child_created)
 
 
-@at_exit
+@at_exit(END_PROGRAMS)
 def _end_at_exit() -> None:
     """Sandboxes nobody waited for, and that die with this process anyway
     (the parent-death signal comes once it is gone): end them now, while

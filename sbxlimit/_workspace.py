@@ -12,7 +12,6 @@ over it in the sandbox's own mount namespace where one can be made
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
@@ -21,6 +20,7 @@ import tempfile
 import threading
 import time
 
+from ._exit import WORKSPACES, at_exit
 from ._once import Once
 from ._place import Place, here
 from ._plan import Plan, Request
@@ -348,7 +348,7 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-@atexit.register
+@at_exit(WORKSPACES)
 def _remove_left() -> None:
     # Sandboxes never closed: their workspaces go with the interpreter.
     for path in list(_live):

@@ -651,6 +651,55 @@ def test_gc_leaves_a_live_sbxlimit_of_another_pid_namespace_alone():
     assert not [d for d in ready if os.path.exists(d)]  # its exit removed them
 
 
+_OWNER_LOCK_HELD_AGAINST_US = """
+import fcntl, os, subprocess, sys, time, sbxlimit
+from sbxlimit._cgroup import discover
+from sbxlimit._cgowner import owner_path
+from sbxlimit._monitor import get_monitor
+
+# Another process of ours holds our owner cgroups' lock as we start: we go
+# on without it (and the cgroups stay made).
+hold = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY)\\n"
+hold += "fcntl.flock(fd, fcntl.LOCK_EX); print(flush=True); time.sleep(1)"
+blockers = []
+for _c, parent in discover().parents:
+    os.mkdir(owner_path(parent, os.getpid()), 0o700)
+    blockers.append(subprocess.Popen([sys.executable, "-c", hold, owner_path(parent, os.getpid())],
+                                     stdout=subprocess.PIPE))
+for b in blockers:
+    b.stdout.readline()
+lim = sbxlimit.Limits(memory="64Mi", wall_time=10)
+assert sbxlimit.run(["true"], limits=lim).returncode == 0
+for b in blockers:
+    b.wait()
+    b.stdout.close()
+pool = get_monitor()._pool
+deadline = time.monotonic() + 5
+while not [d for d in pool.dirs() if os.path.isdir(d)] and time.monotonic() < deadline:
+    time.sleep(0.01)
+ready = sorted(d for d in pool.dirs() if os.path.isdir(d))
+subprocess.run([sys.executable, "-m", "sbxlimit", "gc"], check=True, capture_output=True)
+print(*ready, flush=True)
+print(*[d for d in ready if not os.path.isdir(d)], flush=True)
+r = sbxlimit.run(["true"], limits=lim)
+print(r.returncode, r.enforced["memory"], flush=True)
+"""
+
+
+@needs_cgroup
+def test_an_owner_lock_nobody_holds_does_not_give_away_a_live_owner_s_cgroups():
+    # The owner could not take its lock (another process held it as it
+    # started): the lock, free afterwards, says "gone", but its pid runs
+    # here.  gc must keep its recent cgroups, or its next sandbox fails.
+    r = subprocess.run(
+        [PY, "-c", _OWNER_LOCK_HELD_AGAINST_US], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    ready, taken, last = [*r.stdout.split("\n"), "", "", ""][:3]
+    assert ready.split() and taken.split() == []
+    assert last.split()[0] == "0" and last.split()[1].startswith("cgroup"), last
+
+
 @needs_cgroup
 def test_explicit_parent():
     # A parent of our own, as an operator would delegate one (v1: the same

@@ -533,41 +533,54 @@ print(p.pid, p.workspace, flush=True)
 
 
 _MP_WORKER = """
-import multiprocessing as mp, os, sys
+import multiprocessing as mp, os, sys, threading, time
 from concurrent.futures import ProcessPoolExecutor
 import sbxlimit
 
 def work():
     # a cgroup (where this machine has one) and a private workspace
-    sbxlimit.run(["true"], limits=sbxlimit.Limits(memory="64M", wall_time=10))
-    sbxlimit.run(["true"], policy=sbxlimit.Policy())
-    return os.getpid()
+    a = sbxlimit.run(["true"], limits=sbxlimit.Limits(memory="64M", wall_time=10))
+    b = sbxlimit.run(["true"], policy=sbxlimit.Policy())
+    return os.getpid(), a.returncode or b.returncode
 
-def put_pid(q):
+def in_process(q):
+    global left
+    # never waited for: it ends with this process, and its workspace goes
+    left = sbxlimit.Popen(["sleep", "30"], limits=sbxlimit.Limits(memory="64M"),
+                          policy=sbxlimit.Policy())
     q.put(work())
+
+def in_thread(q):
+    def later():
+        time.sleep(0.3)  # the target has returned: multiprocessing is ending
+        r = sbxlimit.run(["sleep", "0.3"], limits=sbxlimit.Limits(memory="64M", wall_time=10))
+        q.put((os.getpid(), r.returncode))
+    threading.Thread(target=later).start()  # not a daemon: joined before the end
 
 if __name__ == "__main__":
     ctx = mp.get_context(sys.argv[1])
-    if sys.argv[2] == "process":
+    if sys.argv[2] == "executor":
+        with ProcessPoolExecutor(2, mp_context=ctx) as ex:
+            done = sorted({f.result() for f in [ex.submit(work) for _ in range(4)]})
+    else:
         q = ctx.SimpleQueue()
-        p = ctx.Process(target=put_pid, args=(q,))
+        p = ctx.Process(target={"process": in_process, "thread": in_thread}[sys.argv[2]], args=(q,))
         p.start()
-        pids = [q.get()]
+        done = [q.get()]
         p.join()
         assert p.exitcode == 0, p.exitcode
-    else:
-        with ProcessPoolExecutor(2, mp_context=ctx) as ex:
-            pids = sorted({f.result() for f in [ex.submit(work) for _ in range(4)]})
-    print(" ".join(f"{pid:x}" for pid in pids))
+    print(" ".join(f"{pid:x}:{rc}" for pid, rc in done))
 """
 
 
-@pytest.mark.parametrize("how", ["process", "executor"])
+@pytest.mark.parametrize("how", ["process", "executor", "thread"])
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_a_multiprocessing_child_s_sandboxes_leave_nothing_behind(tmp_path, method, how):
     # Fork and forkserver children end with os._exit after multiprocessing's
     # finalizers, never atexit: their cgroups (made ahead of need, or of
-    # sandboxes that ended) and their workspaces were left behind.
+    # sandboxes that ended) and their workspaces were left behind.  The
+    # finalizers run before the child's threads are joined: one still using
+    # sandboxes then must not see them killed (thread).
     script = tmp_path / "worker.py"
     script.write_text(_MP_WORKER)
     temp = tmp_path / "tmp"
@@ -580,10 +593,10 @@ def test_a_multiprocessing_child_s_sandboxes_leave_nothing_behind(tmp_path, meth
         env=dict(os.environ, TMPDIR=str(temp)),
     )
     assert r.returncode == 0, r.stderr
-    owners = r.stdout.split()
-    assert owners
-    for owner in owners:
-        assert not glob.glob(f"/sys/fs/cgroup/**/sbx-{owner}-*", recursive=True), owner
+    done = [t.split(":") for t in r.stdout.split()]
+    assert done and all(rc == "0" for _owner, rc in done), done
+    for owner, _rc in done:
+        assert not glob.glob(f"/sys/fs/cgroup/**/sbx-{owner}-*", recursive=True), (owner, r.stderr)
     assert not os.listdir(temp)
 
 
