@@ -84,16 +84,16 @@ def collect_cgroups(
         except OSError:
             continue
         locked: set[int] = set()  # owners with a lock here
-        claimed: dict[int, int] = {}  # of those, the gone ones: the lock's fd
+        claimed: dict[int, tuple[int, int]] = {}  # the gone ones: (fd, made at, ns)
         for name in names:
             pid = _owner(name, (_OWNER, 16))
             if pid is not None:
                 locked.add(pid)
                 fd = claim(parent, pid)
                 if fd is not None:
-                    claimed[pid] = fd
+                    claimed[pid] = (fd, os.fstat(fd).st_mtime_ns)
         try:
-            kept: set[int] = set()  # gone owners whose cgroups stay (populated)
+            kept: set[int] = set()  # gone owners whose cgroups stay
             for name in names:
                 pid = _owner(name, (_CGROUP, 16), (_PROBE, 10))
                 path = os.path.join(parent, name)
@@ -102,10 +102,7 @@ def collect_cgroups(
                 if pid in locked and _CGROUP.match(name):
                     if pid not in claimed:
                         continue  # its owner runs, in whatever namespace
-                    # Nobody holds the lock.  Its pid alive here: a process
-                    # with its pid (here or elsewhere), or the owner itself
-                    # if it could not keep the lock: not while it is recent.
-                    if owner_alive(pid) and not old_enough(path, max(min_age, AUTO_MIN_AGE)):
+                    if not _gone(path, pid, claimed[pid][1], min_age):
                         kept.add(pid)
                         continue
                 elif owner_alive(pid) or not old_enough(path, min_age):
@@ -119,9 +116,27 @@ def collect_cgroups(
                 if _rmdir(path, dry_run):
                     removed.append(f"cgroup {path}")
         finally:
-            for fd in claimed.values():
+            for fd, _made in claimed.values():
                 let_go(fd)
     return removed
+
+
+def _gone(path: str, pid: int, lock_made_ns: int, min_age: float) -> bool:
+    """Whether the cgroup at `path`, whose owner lock nobody holds, is a
+    leftover.  The lock vouches for the cgroups made after it: an owner
+    takes it before its first cgroup there, and again after a drain let it
+    go (one made meanwhile is older than the new lock, and the new lock is
+    free for a moment as it is made).  And only while its pid runs nowhere
+    here: the owner itself, had it failed to keep its lock.  Otherwise the
+    cgroup is judged by pid and age, a live pid's only once
+    ``AUTO_MIN_AGE`` old."""
+    try:
+        vouched = os.stat(path).st_mtime_ns >= lock_made_ns
+    except OSError:
+        return False
+    if not owner_alive(pid):
+        return vouched or old_enough(path, min_age)
+    return old_enough(path, max(min_age, AUTO_MIN_AGE))
 
 
 def _rmdir(path: str, dry_run: bool) -> bool:
