@@ -18,6 +18,11 @@ the collector takes neither's.  It holds the lock while it removes them; a
 new process with that pid waits for it (briefly) and then makes the owner
 cgroup again.  Where no owner cgroup can be made, leftovers are judged by
 the pid and their age (_gc).
+
+The lock is taken once, before the first cgroup under the parent, and kept
+until exit: every cgroup its holder makes there is made under it.  Only the
+default site's parents get one: a `cgroup_parent` the caller names is the
+caller's to remove, and must not be left holding our directories.
 """
 
 from __future__ import annotations
@@ -27,23 +32,16 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Callable
 
-__all__ = [
-    "OWNER_SUFFIX",
-    "claim",
-    "hold",
-    "let_go",
-    "owner_path",
-    "release_all",
-    "release_idle",
-]
+__all__ = ["OWNER_SUFFIX", "claim", "hold", "let_go", "owner_path", "release_all"]
 
 OWNER_SUFFIX = ".owner"
 
 # parent -> the fd holding our shared lock there, or -1: could not be
-# taken (not asked again).
+# taken (asked again after RETRY seconds: a collector may have held it).
 _held: dict[str, int] = {}
+_retry_at: dict[str, float] = {}
+RETRY = 1.0
 _claimed: set[int] = set()  # fds a collector holds exclusively (a fork's child closes them)
 _lock = threading.Lock()
 
@@ -56,13 +54,17 @@ def hold(parent: str) -> None:
     """This process's shared lock in `parent`, taken before its first
     cgroup there (cheap once taken).  Best effort: without it, our
     leftovers are judged by pid and age."""
-    if parent in _held:
+    fd = _held.get(parent)
+    if fd is not None and (fd >= 0 or time.monotonic() < _retry_at.get(parent, 0.0)):
         return
     with _lock:
-        if parent not in _held:
-            fd = _take(owner_path(parent, os.getpid()))
-            if fd is not None:
-                _held[parent] = fd
+        fd = _held.get(parent)
+        if fd is not None and (fd >= 0 or time.monotonic() < _retry_at.get(parent, 0.0)):
+            return
+        fd = _take(owner_path(parent, os.getpid()))
+        if fd is not None:
+            _held[parent] = fd
+            _retry_at[parent] = time.monotonic() + RETRY
 
 
 def _take(path: str) -> int | None:
@@ -143,39 +145,22 @@ def let_go(fd: int) -> None:
 
 
 def release_all() -> None:
-    """At exit: remove our owner cgroups where no one else holds them (a
-    process with our pid in another namespace, a fork's body that still
-    runs), then let go.  Our sandbox cgroups are gone by then, or
-    outlive us (die_with_parent=False), judged by pid and age."""
-    _release(lambda parent: True)
-
-
-def release_idle() -> None:
-    """Once every cgroup of ours is removed (Monitor.drain): let go where
-    none is left, so that a parent of the caller's own can be removed.  A
-    later cgroup there takes the lock again."""
-    prefix = f"sbx-{os.getpid():x}-"
-
-    def idle(parent: str) -> bool:
-        try:
-            return not any(n.startswith(prefix) for n in os.listdir(parent))
-        except OSError:
-            return False
-
-    _release(idle)
-
-
-def _release(which: Callable[[str], bool]) -> None:
+    """At exit: let go, and remove our owner cgroups where no one else
+    holds them (a process with our pid in another namespace, a fork's body
+    that still runs) and no cgroup of ours is left.  One that outlives us
+    (die_with_parent=False, a drain that timed out) keeps it: the lock,
+    free once we are gone, says so to the next collector."""
     with _lock:
-        held = [(parent, fd) for parent, fd in _held.items() if which(parent)]
-        for parent, _fd in held:
-            del _held[parent]
+        held = list(_held.items())
+        _held.clear()
+    prefix = f"sbx-{os.getpid():x}-"
     for parent, fd in held:
         if fd < 0:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.rmdir(owner_path(parent, os.getpid()))
+            if not any(n.startswith(prefix) for n in os.listdir(parent)):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.rmdir(owner_path(parent, os.getpid()))
         except OSError:
             pass
         os.close(fd)
@@ -202,6 +187,7 @@ def _after_fork_in_child() -> None:
             except OSError:
                 pass
     _held.clear()
+    _retry_at.clear()
     _claimed.clear()
 
 

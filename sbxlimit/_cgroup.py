@@ -620,9 +620,10 @@ class Cgroup:
         # v1: the cpu hierarchy only for a cpu limit (cpuacct counts usage);
         # every directory costs a mkdir, a join and an rmdir.
         skip = {"cpu"} if site.version == 1 and all(c != "cpu" for c, _f, _v in settings) else ()
-        for ctrl, parent in site.parents:
-            if ctrl not in skip:
-                _cgowner.hold(parent)  # before the name is ours: see _cgowner
+        if not site.explicit:  # a parent the caller names keeps none of ours
+            for ctrl, parent in site.parents:
+                if ctrl not in skip:
+                    _cgowner.hold(parent)  # before the name is ours: see _cgowner
         if cg._create_in_one_call(skip, settings):
             cg._held_again()
             return cg
@@ -655,11 +656,13 @@ class Cgroup:
         return cg
 
     def _held_again(self) -> None:
-        """A drain may have let the lock go between hold() and the mkdir
-        (_cgowner.release_idle): take it again (a dict lookup if not)."""
-        for ctrl, parent in self.site.parents:
-            if ctrl in self.dirs:
-                _cgowner.hold(parent)
+        """The lock, where hold() could not take it before the mkdir (our
+        grouping cgroup was missing, made again by the mkdir; a collector
+        held it): a dict lookup once taken."""
+        if not self.site.explicit:
+            for ctrl, parent in self.site.parents:
+                if ctrl in self.dirs:
+                    _cgowner.hold(parent)
 
     def _create_in_one_call(
         self, skip: Iterable[str], settings: tuple[tuple[str, str, str], ...]

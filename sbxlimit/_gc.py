@@ -83,60 +83,51 @@ def collect_cgroups(
             names = os.listdir(parent)
         except OSError:
             continue
+        by_owner: dict[int, list[str]] = {}  # sandbox cgroups by owner pid
+        probes: dict[int, list[str]] = {}  # the doctor's, never locked
         locked: set[int] = set()  # owners with a lock here
-        claimed: dict[int, tuple[int, int]] = {}  # the gone ones: (fd, made at, ns)
         for name in names:
             pid = _owner(name, (_OWNER, 16))
             if pid is not None:
                 locked.add(pid)
-                fd = claim(parent, pid)
-                if fd is not None:
-                    claimed[pid] = (fd, os.fstat(fd).st_mtime_ns)
-        try:
-            kept: set[int] = set()  # gone owners whose cgroups stay
-            for name in names:
-                pid = _owner(name, (_CGROUP, 16), (_PROBE, 10))
-                path = os.path.join(parent, name)
-                if pid is None or not os.path.isdir(path):
-                    continue
-                if pid in locked and _CGROUP.match(name):
-                    if pid not in claimed:
-                        continue  # its owner runs, in whatever namespace
-                    if not _gone(path, pid, claimed[pid][1], min_age):
-                        kept.add(pid)
-                        continue
-                elif owner_alive(pid) or not old_enough(path, min_age):
-                    continue
-                if _rmdir(path, dry_run):
-                    removed.append(f"cgroup {path}")
-                else:
-                    kept.add(pid)
-            for pid in claimed.keys() - kept:
+            pid = _owner(name, (_CGROUP, 16))
+            if pid is not None:
+                by_owner.setdefault(pid, []).append(name)
+            pid = _owner(name, (_PROBE, 10))
+            if pid is not None:
+                probes.setdefault(pid, []).append(name)
+        for pid in locked:
+            # One lock at a time, held only while its cgroups go: a new
+            # process with that pid waits for it.
+            fd = claim(parent, pid)
+            if fd is None:
+                continue  # its owner runs, in whatever namespace
+            try:
+                # Nobody holds it.  Its pid alive here: a process with its
+                # pid (here or elsewhere), or the owner itself had it failed
+                # to keep the lock: only what is old goes.
+                age = max(min_age, AUTO_MIN_AGE) if owner_alive(pid) else 0.0
+                left = False
+                for name in by_owner.pop(pid, []):
+                    path = os.path.join(parent, name)
+                    if old_enough(path, age) and _rmdir(path, dry_run):
+                        removed.append(f"cgroup {path}")
+                    elif os.path.isdir(path):
+                        left = True
                 path = owner_path(parent, pid)
-                if _rmdir(path, dry_run):
+                if not left and _rmdir(path, dry_run):
                     removed.append(f"cgroup {path}")
-        finally:
-            for fd, _made in claimed.values():
+            finally:
                 let_go(fd)
+        unlocked = [(p, n) for p, n in by_owner.items() if p not in locked]
+        for pid, owned in unlocked + list(probes.items()):
+            if owner_alive(pid):
+                continue
+            for name in owned:
+                path = os.path.join(parent, name)
+                if os.path.isdir(path) and old_enough(path, min_age) and _rmdir(path, dry_run):
+                    removed.append(f"cgroup {path}")
     return removed
-
-
-def _gone(path: str, pid: int, lock_made_ns: int, min_age: float) -> bool:
-    """Whether the cgroup at `path`, whose owner lock nobody holds, is a
-    leftover.  The lock vouches for the cgroups made after it: an owner
-    takes it before its first cgroup there, and again after a drain let it
-    go (one made meanwhile is older than the new lock, and the new lock is
-    free for a moment as it is made).  And only while its pid runs nowhere
-    here: the owner itself, had it failed to keep its lock.  Otherwise the
-    cgroup is judged by pid and age, a live pid's only once
-    ``AUTO_MIN_AGE`` old."""
-    try:
-        vouched = os.stat(path).st_mtime_ns >= lock_made_ns
-    except OSError:
-        return False
-    if not owner_alive(pid):
-        return vouched or old_enough(path, min_age)
-    return old_enough(path, max(min_age, AUTO_MIN_AGE))
 
 
 def _rmdir(path: str, dry_run: bool) -> bool:

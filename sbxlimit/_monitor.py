@@ -39,7 +39,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _cgowner, _core, _namespaces, _viewns, _workspace, audit
+from . import _core, _namespaces, _viewns, _workspace, audit
 from ._cgpool import Pool
 from ._cgroup import read_quiet
 from ._evidence import KillRecord, Samples
@@ -1110,7 +1110,6 @@ class Monitor:
                 trash = bool(self._trash) or bool(self._trees)
                 emptying = self._emptying > 0
             if not trash and not emptying and self._retire_tick(time.monotonic()):
-                _cgowner.release_idle()
                 return True
             if time.monotonic() >= end:
                 return False

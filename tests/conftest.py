@@ -310,7 +310,12 @@ def _fds() -> dict[int, str]:
 
 
 def _new_fds(before: dict[int, str]) -> dict[int, str]:
-    return {fd: t for fd, t in _fds().items() if before.get(fd) != t}
+    """Fds opened since `before`, but for the owner locks this process
+    holds for its life (_cgowner: one per cgroup parent it has used)."""
+    from sbxlimit import _cgowner
+
+    held = set(_cgowner._held.values())
+    return {fd: t for fd, t in _fds().items() if before.get(fd) != t and fd not in held}
 
 
 def settled_temp(path: str, timeout: float = 3.0) -> set[str]:

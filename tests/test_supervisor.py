@@ -534,7 +534,7 @@ print(p.pid, p.workspace, flush=True)
 
 _MP_WORKER = """
 import multiprocessing as mp, os, sys, threading, time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 import sbxlimit
 
 def work():
@@ -550,6 +550,19 @@ def in_process(q):
                           policy=sbxlimit.Policy())
     q.put(work())
 
+def in_a_grandchild(q):
+    # a fork child's own fork child: its registry is emptied once more
+    ctx = mp.get_context("fork")
+    p = ctx.Process(target=in_process, args=(q,))
+    p.start()
+    p.join()
+
+def with_an_idle_executor(q):
+    # left running, never shut down: multiprocessing's end wakes its worker
+    global executor
+    executor = ThreadPoolExecutor(1)
+    q.put(executor.submit(work).result())
+
 def in_thread(q):
     def later():
         time.sleep(0.3)  # the target has returned: multiprocessing is ending
@@ -564,23 +577,32 @@ if __name__ == "__main__":
             done = sorted({f.result() for f in [ex.submit(work) for _ in range(4)]})
     else:
         q = ctx.SimpleQueue()
-        p = ctx.Process(target={"process": in_process, "thread": in_thread}[sys.argv[2]], args=(q,))
+        targets = {"process": in_process, "thread": in_thread, "grandchild": in_a_grandchild,
+                   "idle executor": with_an_idle_executor}
+        p = ctx.Process(target=targets[sys.argv[2]], args=(q,))
         p.start()
         done = [q.get()]
-        p.join()
+        p.join(30)
+        if p.exitcode is None:  # it hangs: end it, and say so
+            p.kill()
+            p.join()
+            sys.exit("the child did not end")
         assert p.exitcode == 0, p.exitcode
     print(" ".join(f"{pid:x}:{rc}" for pid, rc in done))
 """
 
 
-@pytest.mark.parametrize("how", ["process", "executor", "thread"])
+@pytest.mark.parametrize("how", ["process", "executor", "thread", "grandchild", "idle executor"])
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_a_multiprocessing_child_s_sandboxes_leave_nothing_behind(tmp_path, method, how):
     # Fork and forkserver children end with os._exit after multiprocessing's
     # finalizers, never atexit: their cgroups (made ahead of need, or of
     # sandboxes that ended) and their workspaces were left behind.  The
     # finalizers run before the child's threads are joined: one still using
-    # sandboxes then must not see them killed (thread).
+    # sandboxes then must not see them killed (thread), and an idle
+    # executor's worker, woken by the child's end, must not hang it (idle
+    # executor).  A fork child's own fork child starts with an empty
+    # registry once more (grandchild).
     script = tmp_path / "worker.py"
     script.write_text(_MP_WORKER)
     temp = tmp_path / "tmp"
