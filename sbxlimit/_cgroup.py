@@ -620,12 +620,8 @@ class Cgroup:
         # v1: the cpu hierarchy only for a cpu limit (cpuacct counts usage);
         # every directory costs a mkdir, a join and an rmdir.
         skip = {"cpu"} if site.version == 1 and all(c != "cpu" for c, _f, _v in settings) else ()
-        if not site.explicit:  # a parent the caller names keeps none of ours
-            for ctrl, parent in site.parents:
-                if ctrl not in skip:
-                    _cgowner.hold(parent)  # before the name is ours: see _cgowner
+        cg._hold_owner_locks(skip)  # before the name is ours: see _cgowner
         if cg._create_in_one_call(skip, settings):
-            cg._held_again()
             return cg
         try:
             for ctrl, parent in site.parents:
@@ -652,16 +648,16 @@ class Cgroup:
         except BaseException:
             cg.remove()
             raise
-        cg._held_again()
+        cg._hold_owner_locks(skip)  # where our grouping cgroup was made again
         return cg
 
-    def _held_again(self) -> None:
-        """The lock, where hold() could not take it before the mkdir (our
-        grouping cgroup was missing, made again by the mkdir; a collector
-        held it): a dict lookup once taken."""
+    def _hold_owner_locks(self, skip: Iterable[str]) -> None:
+        """This process's owner lock in each parent it makes a directory
+        in (a dict lookup once taken).  A parent the caller names keeps
+        none of ours."""
         if not self.site.explicit:
             for ctrl, parent in self.site.parents:
-                if ctrl in self.dirs:
+                if ctrl not in skip:
                     _cgowner.hold(parent)
 
     def _create_in_one_call(
