@@ -1062,32 +1062,126 @@ done:
     return out;
 }
 
-PyDoc_STRVAR(fs_batch_doc, "fs_batch(steps, stop_at_error, /) -> list\n"
-                           "--\n\n"
-                           "Run (op, path, data[, fd]) steps (FS_MKDIR, FS_RMDIR, FS_WRITE,\n"
-                           "FS_WRITE_OPTIONAL, FS_READ, FS_STAT, FS_OPEN_WRITE, FS_OPEN_READ,\n"
-                           "FS_V1_EVENT, FS_CLOSE, FS_RM_WORKSPACE, FS_PREAD; data: bytes for a\n"
-                           "write or an event, else None; fd: the eventfd of FS_V1_EVENT, the fd\n"
-                           "FS_CLOSE closes, the fd FS_PREAD reads from its start) in order with\n"
-                           "the GIL released once for all of them; returns\n"
-                           "each step's errno (0: done, -1: not run, after a failure with\n"
-                           "stop_at_error), for a read that succeeded the bytes read (a file of\n"
-                           "FS_READ_MAX bytes or more fails with EFBIG: never a truncated read),\n"
-                           "for a stat that succeeded (st_dev, st_ino), links followed, for an\n"
-                           "open (fd,) (close-on-exec, the caller's to close), for a workspace\n"
-                           "removed (bytes its tmp/ held,).");
+PyDoc_STRVAR(fs_batch_doc,
+             "fs_batch(steps, stop_at_error, anchors=(), /) -> list\n"
+             "--\n\n"
+             "Run (op, path, data[, fd[, dir]]) steps (FS_MKDIR, FS_RMDIR, FS_WRITE,\n"
+             "FS_WRITE_OPTIONAL, FS_READ, FS_STAT, FS_OPEN_WRITE, FS_OPEN_READ,\n"
+             "FS_V1_EVENT, FS_CLOSE, FS_RM_WORKSPACE, FS_PREAD; data: bytes for a\n"
+             "write or an event, else None; fd: the eventfd of FS_V1_EVENT, the fd\n"
+             "FS_CLOSE closes, the fd FS_PREAD reads from its start; dir: the\n"
+             "directory fd a relative path, and FS_V1_EVENT's watched path, are\n"
+             "resolved from, -1 for the working directory) in order with\n"
+             "the GIL released once for all of them.  anchors: (dir, fd, rel)\n"
+             "each, a directory kept open: a step path (-1 dir) in dir is named\n"
+             "rel + what follows dir, from fd.  Returns\n"
+             "each step's errno (0: done, -1: not run, after a failure with\n"
+             "stop_at_error), for a read that succeeded the bytes read (a file of\n"
+             "FS_READ_MAX bytes or more fails with EFBIG: never a truncated read),\n"
+             "for a stat that succeeded (st_dev, st_ino), links followed, for an\n"
+             "open (fd,) (close-on-exec, the caller's to close), for a workspace\n"
+             "removed (bytes its tmp/ held,).");
+
+/* A directory the caller keeps open, and the path a step names it by. */
+struct fs_anchor {
+    const char *dir; /* the path from "/" */
+    size_t dir_len;
+    const char *rel; /* the same directory from at */
+    size_t rel_len;
+    int at;
+};
+
+/* The anchors of fs_batch: (dir, at, rel) each, the strings kept in keep.
+ * NULL with an exception set; *n_out 0 for none. */
+static struct fs_anchor *fs_anchors(PyObject *seq, PyObject *keep, Py_ssize_t *n_out)
+{
+    struct fs_anchor *out;
+    PyObject *fast;
+    Py_ssize_t i, n;
+
+    *n_out = 0;
+    fast = PySequence_Fast(seq, "fs_batch: anchors must be a sequence");
+    if (!fast)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    out = PyMem_Calloc((size_t)n + 1, sizeof *out);
+    if (!out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *dir = NULL, *rel = NULL;
+
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "O&iO&:fs_batch anchor",
+                              PyUnicode_FSConverter, &dir, &out[i].at, PyUnicode_FSConverter,
+                              &rel)) {
+            Py_XDECREF(dir);
+            goto fail;
+        }
+        if (PyList_Append(keep, dir) < 0 || PyList_Append(keep, rel) < 0) {
+            Py_DECREF(dir);
+            Py_DECREF(rel);
+            goto fail;
+        }
+        Py_DECREF(dir); /* keep holds them */
+        Py_DECREF(rel);
+        out[i].dir = PyBytes_AS_STRING(dir);
+        out[i].dir_len = (size_t)PyBytes_GET_SIZE(dir);
+        out[i].rel = PyBytes_AS_STRING(rel);
+        out[i].rel_len = (size_t)PyBytes_GET_SIZE(rel);
+    }
+    Py_DECREF(fast);
+    *n_out = n;
+    return out;
+fail:
+    Py_DECREF(fast);
+    PyMem_Free(out);
+    return NULL;
+}
+
+/* `path` (len bytes, then any tail: v1 events' NUL and argument) named from
+ * the anchor whose directory holds it: a new bytes object kept in keep, and
+ * *at; else NULL with *at untouched.  -1 with an exception set on failure. */
+static int fs_anchored(const struct fs_anchor *a, Py_ssize_t n_anchors, const char *path,
+                       size_t len, size_t tail, PyObject *keep, const char **out, int *at)
+{
+    Py_ssize_t i;
+
+    *out = NULL;
+    for (i = 0; i < n_anchors; i++) {
+        PyObject *b;
+
+        if (len < a[i].dir_len || memcmp(path, a[i].dir, a[i].dir_len) != 0 ||
+            (len > a[i].dir_len && path[a[i].dir_len] != '/'))
+            continue;
+        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(a[i].rel_len + len + tail - a[i].dir_len));
+        if (!b || PyList_Append(keep, b) < 0) {
+            Py_XDECREF(b);
+            return -1;
+        }
+        Py_DECREF(b);
+        memcpy(PyBytes_AS_STRING(b), a[i].rel, a[i].rel_len);
+        memcpy(PyBytes_AS_STRING(b) + a[i].rel_len, path + a[i].dir_len, len + tail - a[i].dir_len);
+        *out = PyBytes_AS_STRING(b);
+        *at = a[i].at;
+        return 0;
+    }
+    return 0;
+}
 
 static PyObject *core_fs_batch(PyObject *self, PyObject *args)
 {
-    PyObject *seq, *fast = NULL, *keep = NULL, *out = NULL;
+    PyObject *seq, *fast = NULL, *keep = NULL, *out = NULL, *anchors_seq = NULL;
     struct sbx_fs_step *steps = NULL;
+    struct fs_anchor *anchors = NULL;
     char *bufs = NULL;
     size_t n_reads = 0;
-    Py_ssize_t i, n;
+    Py_ssize_t i, n, n_anchors = 0;
     int stop_at_error;
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "Op:fs_batch", &seq, &stop_at_error))
+    if (!PyArg_ParseTuple(args, "Op|O:fs_batch", &seq, &stop_at_error, &anchors_seq))
         return NULL;
     fast = PySequence_Fast(seq, "fs_batch: steps must be a sequence");
     if (!fast)
@@ -1099,14 +1193,17 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
+    if (anchors_seq && !(anchors = fs_anchors(anchors_seq, keep, &n_anchors)))
+        goto done;
     for (i = 0; i < n; i++) {
         PyObject *path = NULL, *data;
-        int op, fd = -1;
+        int op, fd = -1, dir = -1;
 
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iO&O|i:fs_batch step", &op,
-                              PyUnicode_FSConverter, &path, &data, &fd))
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iO&O|ii:fs_batch step", &op,
+                              PyUnicode_FSConverter, &path, &data, &fd, &dir))
             goto done;
         steps[i].fd = fd;
+        steps[i].dir = dir;
         if (PyList_Append(keep, path) < 0) {
             Py_DECREF(path);
             goto done;
@@ -1131,6 +1228,31 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
         }
         if (op == SBX_FS_READ || op == SBX_FS_PREAD)
             n_reads++;
+        if (n_anchors > 0 && steps[i].dir < 0) {
+            const char *rel;
+            int at = -1;
+
+            if (fs_anchored(anchors, n_anchors, steps[i].path, strlen(steps[i].path), 0, keep, &rel,
+                            &at) < 0)
+                goto done;
+            if (rel) {
+                steps[i].path = rel;
+                steps[i].dir = at;
+            }
+            /* The watched file of a v1 event: from the same directory. */
+            if (rel && op == SBX_FS_V1_EVENT && steps[i].data) {
+                size_t plen = strnlen(steps[i].data, steps[i].len);
+                int w_at = -1;
+
+                if (fs_anchored(anchors, n_anchors, steps[i].data, plen, steps[i].len - plen, keep,
+                                &rel, &w_at) < 0)
+                    goto done;
+                if (rel && w_at == at) {
+                    steps[i].len = steps[i].len - plen + strlen(rel);
+                    steps[i].data = rel;
+                }
+            }
+        }
     }
     if (n_reads > 0) {
         size_t r = 0;
@@ -1180,6 +1302,7 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
 done:
     PyMem_Free(bufs);
     PyMem_Free(steps);
+    PyMem_Free(anchors);
     Py_XDECREF(keep);
     Py_DECREF(fast);
     return out;

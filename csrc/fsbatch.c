@@ -10,23 +10,31 @@
 
 #include "sbx.h"
 
-/* open(path, flags | O_CLOEXEC), again if a signal interrupts it. */
-static int open_cloexec(const char *path, int flags)
+/* Where a step's relative path starts.  A path from a directory kept open
+ * skips the walk from "/": on kernfs every name of a cgroup's path is
+ * looked up the slow way (no RCU walk), most of an open's cost. */
+static int dir_of(const struct sbx_fs_step *s)
+{
+    return s->dir >= 0 ? s->dir : AT_FDCWD;
+}
+
+/* openat(dir, path, flags | O_CLOEXEC), again if a signal interrupts it. */
+static int open_cloexec(int dir, const char *path, int flags)
 {
     int fd;
 
     do {
-        fd = open(path, flags | O_CLOEXEC);
+        fd = openat(dir, path, flags | O_CLOEXEC);
     } while (fd < 0 && errno == EINTR);
     return fd;
 }
 
-static int write_whole(const char *path, const char *data, size_t len)
+static int write_whole(int dir, const char *path, const char *data, size_t len)
 {
     int fd, saved;
     ssize_t n;
 
-    fd = open_cloexec(path, O_WRONLY);
+    fd = open_cloexec(dir, path, O_WRONLY);
     if (fd < 0)
         return errno;
     /* kernfs and cgroupfs take a value in one write(): a short one is an
@@ -68,7 +76,7 @@ static int read_whole(struct sbx_fs_step *s)
 {
     int fd, err;
 
-    fd = open_cloexec(s->path, O_RDONLY);
+    fd = open_cloexec(dir_of(s), s->path, O_RDONLY);
     if (fd < 0)
         return errno;
     err = read_from_start(s, fd, 0);
@@ -82,7 +90,7 @@ static int open_kept(struct sbx_fs_step *s, int flags)
     ssize_t n;
     int fd;
 
-    fd = open_cloexec(s->path, flags);
+    fd = open_cloexec(dir_of(s), s->path, flags);
     if (fd < 0)
         return errno;
     if (flags == O_RDONLY) {
@@ -111,11 +119,12 @@ static int v1_event(const struct sbx_fs_step *s)
 
     if (!s->data || plen == 0 || plen == s->len || alen > 32 || s->fd < 0)
         return EINVAL;
-    watched = open_cloexec(s->data, O_RDONLY);
+    watched = open_cloexec(dir_of(s), s->data, O_RDONLY);
     if (watched < 0)
         return errno;
     n = snprintf(line, sizeof line, "%d %d%.*s", s->fd, watched, (int)alen, arg);
-    err = n < 0 || (size_t)n >= sizeof line ? EINVAL : write_whole(s->path, line, (size_t)n);
+    err = n < 0 || (size_t)n >= sizeof line ? EINVAL
+                                            : write_whole(dir_of(s), s->path, line, (size_t)n);
     close(watched);
     return err;
 }
@@ -158,7 +167,7 @@ static int rm_workspace(struct sbx_fs_step *s)
     int dir, tmp, err;
 
     memset(&st, 0, sizeof st);
-    dir = open_cloexec(s->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    dir = open_cloexec(dir_of(s), s->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
     if (dir < 0)
         return errno;
     tmp = fcntl(dir, F_DUPFD_CLOEXEC, 0); /* fdopendir takes it */
@@ -176,7 +185,7 @@ static int rm_workspace(struct sbx_fs_step *s)
     if (err == 0 && unlinkat(dir, "tmp", AT_REMOVEDIR) < 0)
         err = errno;
     close(dir);
-    if (err == 0 && rmdir(s->path) < 0)
+    if (err == 0 && unlinkat(dir_of(s), s->path, AT_REMOVEDIR) < 0)
         err = errno;
     if (err == 0)
         s->len = (size_t)st.st_blocks * 512;
@@ -187,13 +196,13 @@ static int run_step(struct sbx_fs_step *s)
 {
     switch (s->op) {
     case SBX_FS_MKDIR:
-        return mkdir(s->path, 0755) < 0 ? errno : 0;
+        return mkdirat(dir_of(s), s->path, 0755) < 0 ? errno : 0;
     case SBX_FS_RMDIR:
-        return rmdir(s->path) < 0 ? errno : 0;
+        return unlinkat(dir_of(s), s->path, AT_REMOVEDIR) < 0 ? errno : 0;
     case SBX_FS_WRITE:
-        return write_whole(s->path, s->data, s->len);
+        return write_whole(dir_of(s), s->path, s->data, s->len);
     case SBX_FS_WRITE_OPTIONAL: {
-        int err = write_whole(s->path, s->data, s->len);
+        int err = write_whole(dir_of(s), s->path, s->data, s->len);
         return err == ENOENT ? 0 : err;
     }
     case SBX_FS_READ:
@@ -201,7 +210,7 @@ static int run_step(struct sbx_fs_step *s)
     case SBX_FS_STAT: {
         struct stat st;
 
-        if (stat(s->path, &st) < 0)
+        if (fstatat(dir_of(s), s->path, &st, 0) < 0)
             return errno;
         s->dev = (unsigned long long)st.st_dev;
         s->ino = (unsigned long long)st.st_ino;

@@ -428,6 +428,9 @@ struct sbx_fs_step {
     unsigned long long dev, ino; /* SBX_FS_STAT: out */
     int fd;                      /* in: SBX_FS_V1_EVENT, SBX_FS_CLOSE, SBX_FS_PREAD; out: */
                                  /* SBX_FS_OPEN_* */
+    int dir;                     /* in: the directory a relative path (and */
+                                 /* SBX_FS_V1_EVENT's data) is resolved from; */
+                                 /* -1: the working directory */
     int err;                     /* out: 0, or the errno it failed with (-1: not run) */
 };
 

@@ -33,7 +33,7 @@ import os
 import threading
 import time
 
-__all__ = ["OWNER_SUFFIX", "claim", "hold", "let_go", "owner_path", "release_all"]
+__all__ = ["OWNER_SUFFIX", "anchor", "claim", "hold", "let_go", "owner_path", "release_all"]
 
 OWNER_SUFFIX = ".owner"
 
@@ -44,6 +44,9 @@ _retry_at: dict[str, float] = {}
 RETRY = 1.0
 _claimed: set[int] = set()  # fds a collector holds exclusively (a fork's child closes them)
 _lock = threading.Lock()
+# Bumped whenever an fd of _held changes (taken, let go at exit, closed in
+# a fork's child): what a cached anchor() answer is checked against.
+generation = 0
 
 
 def owner_path(parent: str, pid: int) -> str:
@@ -64,7 +67,22 @@ def hold(parent: str) -> None:
         fd = _take(owner_path(parent, os.getpid()))
         if fd is not None:
             _held[parent] = fd
+            _changed()
             _retry_at[parent] = time.monotonic() + RETRY
+
+
+def _changed() -> None:
+    global generation
+    generation += 1
+
+
+def anchor(parent: str) -> int:
+    """The fd of our owner cgroup in `parent`, or -1: a directory kept open
+    in it, from which ``../<name>`` reaches a cgroup we made there without
+    the walk from "/" (on kernfs each name of a path is a slow lookup).  It
+    names the parent we made them in: the parent cannot go while our owner
+    cgroup is in it."""
+    return _held.get(parent, -1)
 
 
 def _take(path: str) -> int | None:
@@ -153,6 +171,7 @@ def release_all() -> None:
     with _lock:
         held = list(_held.items())
         _held.clear()
+        _changed()
     prefix = f"sbx-{os.getpid():x}-"
     for parent, fd in held:
         if fd < 0:
@@ -189,6 +208,7 @@ def _after_fork_in_child() -> None:
     _held.clear()
     _retry_at.clear()
     _claimed.clear()
+    _changed()
 
 
 if hasattr(os, "register_at_fork"):

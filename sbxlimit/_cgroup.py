@@ -561,6 +561,8 @@ class Cgroup:
     """One sandbox's cgroup (a directory per v1 hierarchy, one in v2)."""
 
     __slots__ = (
+        "anchored_at",
+        "anchors",
         "armed",
         "baselines",
         "batches",
@@ -585,6 +587,11 @@ class Cgroup:
         self.name = name
         self.dirs: dict[str, str] = {}
         self.dirfd = -1
+        # fs_batch's anchors: (our directory, our owner cgroup's fd in its
+        # parent, "../<name>") for the directories made from one (create()),
+        # whose files are then reached from it (_anchors).
+        self.anchors: tuple[tuple[str, int, str], ...] = ()
+        self.anchored_at = 0  # _cgowner.generation when they were checked
         # (fd, field) the supervisor watches instead of sampling (open_events).
         self.events: list[tuple[int, str]] = []
         self.armed: set[str] = set()  # fields whose event fds were opened ahead (arm)
@@ -672,23 +679,33 @@ class Cgroup:
             for ctrl, parent in self.site.parents
             if ctrl not in skip
         }
-        steps: list[tuple[int, str, bytes | None]] = [
-            (_core.FS_MKDIR, path, None) for path in dirs.values()
-        ]
+        if not self.site.explicit:
+            self.anchored_at = _cgowner.generation
+            self.anchors = tuple(
+                (dirs[ctrl], fd, "../" + self.name)
+                for ctrl, parent in self.site.parents
+                if ctrl in dirs and (fd := _cgowner.anchor(parent)) >= 0
+            )
+        steps: list[_Step] = [(_core.FS_MKDIR, path, None) for path in dirs.values()]
         for ctrl, fname, value in settings:
             if ctrl not in dirs:
+                self.anchors = ()
                 return False
             op = _core.FS_WRITE_OPTIONAL if fname in OPTIONAL else _core.FS_WRITE
             steps.append((op, os.path.join(dirs[ctrl], fname), value.encode()))
-        errs = _core.fs_batch(steps, True)
+        errs = _core.fs_batch(steps, True, self.anchors)
         if any(errs):
             made = [path for path, err in zip(dirs.values(), errs, strict=False) if err == 0]
-            _core.fs_batch([(_core.FS_RMDIR, path, None) for path in made], False)
+            _core.fs_batch([(_core.FS_RMDIR, path, None) for path in made], False, self.anchors)
+            # create()'s step by step way makes them from "/" (a parent
+            # made again is not the one an anchor is in).
+            self.anchors = ()
             return False
         self.dirs.update(dirs)
         if self.site.version == 2:
+            _d, at, rel = self.anchors[0] if self.anchors else ("", None, dirs[""])
             try:
-                self.dirfd = os.open(dirs[""], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                self.dirfd = os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=at)
             except BaseException:
                 self.remove()
                 raise
@@ -723,7 +740,7 @@ class Cgroup:
             steps.append((_core.FS_OPEN_READ, os.path.join(count, "pids.current"), None))
         elif procs_path is not None:
             steps.append((_core.FS_READ, procs_path, None))
-        got = _core.fs_batch(steps, False)
+        got = _core.fs_batch(steps, False, self._anchors())
         try:
             self._take_armed(fields, todo, got, len(procs), counters, count is not None)
         except BaseException:
@@ -879,7 +896,8 @@ class Cgroup:
         """The join files, opened in one core call; OSError naming the
         first that failed (none kept)."""
         paths = self._join_files()
-        got = _core.fs_batch([(_core.FS_OPEN_WRITE, path, None) for path in paths], True)
+        steps = [(_core.FS_OPEN_WRITE, path, None) for path in paths]
+        got = _core.fs_batch(steps, True, self._anchors())
         fds = [r[0] for r in got if type(r) is tuple]
         if len(fds) < len(paths):
             _close_all(fds)
@@ -904,9 +922,32 @@ class Cgroup:
         path = self.paths[key] = None if d is None else os.path.join(d, fname)
         return path
 
+    def _anchors(self) -> tuple[tuple[str, int, str], ...]:
+        """fs_batch's anchors for this cgroup's files: "../<name>/<file>"
+        from our owner cgroup beside it, two names to look up where the path
+        from "/" has seven or eight, each a slow lookup on kernfs (some 40
+        us of the machine's CPU a sandbox).  One let go since (a fork's
+        child, the exit) is dropped: its paths are walked whole again."""
+        if self.anchors and self.anchored_at != _cgowner.generation:
+            self.anchored_at = _cgowner.generation
+            self.anchors = tuple(
+                a for a in self.anchors if _cgowner.anchor(os.path.dirname(a[0])) == a[1]
+            )
+        return self.anchors
+
     def _get(self, ctrl: str, fname: str) -> str:
         path = self._path(ctrl, fname)
-        return "" if path is None else _read(path)
+        return "" if path is None else self._read(path)
+
+    def _read(self, path: str) -> str:
+        """_read(path), from the anchor where there is one (_anchors)."""
+        anchors = self._anchors()
+        if not anchors:
+            return _read(path)
+        r = _core.fs_batch([(_core.FS_READ, path, None)], False, anchors)[0]
+        if type(r) is bytes:
+            return r.decode()
+        return _read(path) if r == errno.EFBIG else ""
 
     def _procs_path(self) -> str | None:
         d = next(iter(self.dirs.values()), None)
@@ -919,7 +960,7 @@ class Cgroup:
     def pids(self) -> list[int]:
         """Processes in the cgroup now."""
         path = self._procs_path()
-        return [] if path is None else [int(x) for x in _read(path).split()]
+        return [] if path is None else [int(x) for x in self._read(path).split()]
 
     def ended(self) -> Once[CgroupStats | None]:
         """Its sandbox ended (the leader reaped, what it left killed): its
@@ -943,7 +984,7 @@ class Cgroup:
     def populated(self) -> bool:
         if self.site.version == 2:
             return _kv(self._get("", "cgroup.events")).get("populated", 0) == 1
-        return any(_read(os.path.join(d, "cgroup.procs")).strip() for d in self.dirs.values())
+        return any(self._read(os.path.join(d, "cgroup.procs")).strip() for d in self.dirs.values())
 
     def signal(self, sig: int, *, until_empty: bool = True) -> list[int]:
         """Send `sig` to every process in the cgroup (no escape by setsid or
@@ -1079,7 +1120,7 @@ class Cgroup:
                     # The one not kept as a reader is v1's task count.
                     results = _pread_all([readers.get(k, self.count_fd) for k in keys])
         if results is None:
-            results = _core.fs_batch(steps, False)
+            results = _core.fs_batch(steps, False, self._anchors())
         for k, (_op, path, _d), r in zip(keys, steps, results, strict=True):
             if type(r) is bytes:
                 got[k] = r.decode()
@@ -1117,7 +1158,8 @@ class Cgroup:
             for k, (_op, path, _d) in zip(keys, steps, strict=True)
             if not (k == ("pids", "pids.current") and shared)
         ]
-        got = _core.fs_batch([(_core.FS_OPEN_READ, path, None) for _k, path in todo], True)
+        steps = [(_core.FS_OPEN_READ, path, None) for _k, path in todo]
+        got = _core.fs_batch(steps, True, self._anchors())
         fds = [r[0] for r in got if type(r) is tuple]
         if len(fds) < len(todo) or any(fd >= fd_budget() // 2 for fd in fds):
             _close_all(fds)
@@ -1229,7 +1271,8 @@ class Cgroup:
         sampled (the caller's own files come first)."""
         fields = list(fields)
         steps, todo = self._event_steps(fields, warn_at)
-        return self._events_opened(fields, todo, _core.fs_batch(steps, False) if steps else [])
+        got = _core.fs_batch(steps, False, self._anchors()) if steps else []
+        return self._events_opened(fields, todo, got)
 
     def _keep_event(self, fd: int, field: str) -> None:
         try:
@@ -1272,7 +1315,8 @@ class Cgroup:
         # One core call for every directory (the supervisor removes these
         # while callers spawn: the GIL is released once).
         items = list(self.dirs.items())
-        errs = _core.fs_batch([(_core.FS_RMDIR, path, None) for _c, path in items], False)
+        steps = [(_core.FS_RMDIR, path, None) for _c, path in items]
+        errs = _core.fs_batch(steps, False, self._anchors())
         for (ctrl, _path), err in zip(items, errs, strict=True):
             if err in (0, errno.ENOENT):
                 del self.dirs[ctrl]

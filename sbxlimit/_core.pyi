@@ -131,9 +131,12 @@ def landlock_abi() -> int: ...
 def cgroup_fs_kind(path: StrOrBytesPath, /) -> int: ...
 def fs_batch(
     steps: Sequence[
-        tuple[int, StrOrBytesPath, bytes | None] | tuple[int, StrOrBytesPath, bytes | None, int]
+        tuple[int, StrOrBytesPath, bytes | None]
+        | tuple[int, StrOrBytesPath, bytes | None, int]
+        | tuple[int, StrOrBytesPath, bytes | None, int, int]
     ],
     stop_at_error: bool,
+    anchors: Sequence[tuple[StrOrBytesPath, int, StrOrBytesPath]] = (),
     /,
 ) -> list[int | bytes | tuple[int, int] | tuple[int]]: ...
 def watch_open() -> int: ...

@@ -6,6 +6,7 @@ own tests at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -494,6 +495,90 @@ def test_a_live_sandbox_holds_no_fd_of_its_cgroup_s_directory():
         held = set(_fds().values())
         p.kill()
     assert not dirs & held, dirs & held
+
+
+_FROM_THE_ANCHORS = """
+import os, subprocess, sys
+from sbxlimit._cgroup import Cgroup, discover
+
+cg = Cgroup.create(discover(), f"sbx-{os.getpid():x}-9000001", [])  # a name gc knows
+dirs = list(cg.dirs.values())
+print(len(cg.anchors), *dirs, flush=True)
+# The path from "/" leads nowhere now; our owner cgroups' fds still do.
+subprocess.run(["mount", "-t", "tmpfs", "none", "/sys/fs/cgroup"], check=True)
+hidden = not any(os.path.exists(d) for d in dirs)
+cg.arm(["memory", "pids"])
+armed = (sorted(cg.armed), len(cg.ready_procs), sorted(bool(b) for b in cg.baselines.values()))
+s = cg.stats()
+removed = cg.remove()
+subprocess.run(["umount", "/sys/fs/cgroup"], check=True)
+print(hidden, removed, s.memory_peak, s.pids_peak, armed, sep="|", flush=True)
+print(*[d for d in dirs if os.path.exists(d)], flush=True)
+"""
+
+
+@needs_cgroup
+def test_a_cgroup_s_files_are_reached_from_the_owner_cgroup_beside_it():
+    # Each name of a cgroup path is a slow lookup on kernfs, so a sandbox
+    # cgroup's files are reached as "../<name>/<file>" from our owner
+    # cgroup's fd (held for the process's life): with the path from "/"
+    # hidden (a tmpfs over the tree, in a mount namespace of its own), it
+    # is still armed, read and removed.
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) here")
+    probe = ["unshare", "-m", "mount", "-t", "tmpfs", "none", "/sys/fs/cgroup"]
+    if subprocess.run(probe, capture_output=True).returncode != 0:
+        pytest.skip(f"cannot mount in a mount namespace of its own ({privileges()})")
+    r = subprocess.run(
+        ["unshare", "-m", PY, "-c", _FROM_THE_ANCHORS], capture_output=True, text=True, timeout=60
+    )
+    made, got, left = [*r.stdout.split("\n"), "", ""][:3]
+    n_anchors, *dirs = made.split() or ["0"]
+    for d in dirs:  # left by a failure
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+    assert r.returncode == 0, r.stderr
+    assert int(n_anchors) == len(dirs) > 0, made
+    n_dirs = len(dirs)
+    # Armed (the events, the join files, the counters no event covers:
+    # v1's pids.events), read, and removed.
+    events, counters = (["memory"], [True]) if SITE.version == 1 else (["memory", "pids"], [])
+    assert got == f"True|True|0|0|{(events, n_dirs, counters)}", got
+    assert left == "", left  # removed from the anchors, not "gone" for an ENOENT
+
+
+@needs_cgroup
+def test_a_fork_s_child_never_reaches_a_cgroup_through_its_parent_s_anchors(tmp_path):
+    # A forked child closes the owner cgroups' fds it inherited: their
+    # numbers, given again to directories of its own laid out like the
+    # parent's, must not be taken for anchors (it would read decoys).
+    cg = Cgroup.create(SITE, f"sbx-{os.getpid():x}-9000002", ())  # a name gc knows
+    try:
+        if not cg.anchors:
+            pytest.skip("no owner cgroup here to reach cgroups from")
+        for d in cg.dirs.values():
+            (tmp_path / cg.name).mkdir(exist_ok=True)
+            for fname in os.listdir(d):
+                (tmp_path / cg.name / fname).write_text("999999999\n")
+        beside = tmp_path / "beside"
+        beside.mkdir()
+        numbers = {fd for _d, fd, _rel in cg.anchors}
+
+        def stats_over_decoys() -> str:
+            taken = set()
+            for _ in range(256):
+                taken.add(os.open(beside, os.O_RDONLY | os.O_DIRECTORY))
+                if numbers <= taken:
+                    break
+            s = cg.stats(evidence=False)
+            return f"{numbers <= taken} {s.memory_peak} {s.pids_peak}"
+
+        given_again, memory, pids = in_a_fork(stats_over_decoys).split()
+        assert given_again == "True"
+        assert int(memory) < 999_999_999 and int(pids) < 999_999_999
+        assert cg._anchors() == cg.anchors  # the parent's still hold
+    finally:
+        cg.remove()
 
 
 @needs_cgroup

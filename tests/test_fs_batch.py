@@ -297,3 +297,94 @@ def test_an_events_file_opened_for_reading_wakes_a_poller_only_on_change():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
+
+
+def test_relative_paths_start_at_the_step_s_directory(tmp_path):
+    # Cgroup files are reached from a directory kept open (Cgroup's
+    # anchors): every kind of path step resolves from it, "../" included,
+    # and nothing resolves from the working directory instead.
+    (tmp_path / "anchor").mkdir()
+    (tmp_path / "watched").write_bytes(b"")
+    (tmp_path / "control").write_bytes(b"")
+    (tmp_path / "ws" / "tmp").mkdir(parents=True)
+    at = os.open(tmp_path / "anchor", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    efd = os.eventfd(0, os.EFD_CLOEXEC)
+    cwd = os.getcwd()
+    os.chdir("/")  # a walk from here would find none of these
+    try:
+        out = _core.fs_batch(
+            [
+                (MK, "../d", None, -1, at),
+                (W, "../control", b"1", -1, at),
+                (WO, "../d/absent", b"1", -1, at),
+                (R, "../control", None, -1, at),
+                (_core.FS_STAT, "../d", None, -1, at),
+                (_core.FS_OPEN_READ, "../watched", None, -1, at),
+                (_core.FS_V1_EVENT, "../control", b"../watched\0", efd, at),
+                (_core.FS_RM_WORKSPACE, "../ws", None, -1, at),
+                (RM, "../d", None, -1, at),
+                (R, "control", None, -1, at),  # from the anchor: not there
+            ],
+            False,
+        )
+        d = os.stat(tmp_path)
+        assert out[:4] == [0, 0, 0, b"1"]
+        assert type(out[4]) is tuple and out[4][0] == d.st_dev
+        assert type(out[5]) is tuple and _target(out[5][0]) == str(tmp_path / "watched")
+        os.close(out[5][0])
+        assert out[6] == 0 and (tmp_path / "control").read_bytes().split()[0] == str(efd).encode()
+        assert type(out[7]) is tuple and not (tmp_path / "ws").exists()
+        assert out[8:] == [0, errno.ENOENT] and not (tmp_path / "d").exists()
+        # An absolute path ignores the directory, as openat does.
+        assert _core.fs_batch([(R, tmp_path / "watched", None, -1, at)], False) == [b""]
+    finally:
+        os.chdir(cwd)
+        os.close(efd)
+        os.close(at)
+
+
+def test_a_path_in_an_anchored_directory_is_reached_from_its_fd(tmp_path):
+    # anchors=(dir, fd, rel): a step path in dir is named rel + the rest,
+    # from fd, whatever dir names from "/" (here: nothing at all).
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    (real / "sub" / "f").write_bytes(b"anchored")
+    (real / "watched").write_bytes(b"")
+    (real / "control").write_bytes(b"")
+    (tmp_path / "real0").mkdir()
+    (tmp_path / "real0" / "f").write_bytes(b"beside")
+    (tmp_path / "anchor").mkdir()
+    at = os.open(tmp_path / "anchor", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    own = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    efd = os.eventfd(0, os.EFD_CLOEXEC)
+    gone = "/nonexistent/real"  # where the steps say the directory is
+    anchors = [(gone, at, "../real")]
+    try:
+        out = _core.fs_batch(
+            [
+                (R, f"{gone}/sub/f", None),
+                (MK, f"{gone}/new", None),
+                (R, f"{gone}0/f", None),  # not in it: a name that merely starts alike
+                # A step with a directory of its own is left as it is.
+                (R, f"{gone}/sub/f", None, -1, own),
+                (
+                    _core.FS_V1_EVENT,
+                    f"{gone}/control",
+                    os.fsencode(f"{gone}/watched") + b"\0 7",
+                    efd,
+                ),
+            ],
+            False,
+            anchors,
+        )
+        assert out[:4] == [b"anchored", 0, errno.ENOENT, errno.ENOENT]
+        assert (real / "new").is_dir()
+        assert out[4] == 0 and (real / "control").read_bytes().split()[2] == b"7"
+        # A malformed anchor is refused before any step runs.
+        with pytest.raises(TypeError):
+            _core.fs_batch([(MK, tmp_path / "x", None)], False, [(gone, "at", "../real")])
+        assert not (tmp_path / "x").exists()
+    finally:
+        os.close(efd)
+        os.close(at)
+        os.close(own)
