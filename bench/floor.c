@@ -244,10 +244,15 @@ static int make_view(int dev)
     uint64_t ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID;
     size_t i;
 
-    /* "/" stays writable: a writable root, whence the pins. */
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
-        syscall(SYS_move_mount, dev, "", AT_FDCWD, "/dev", MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
-        bind_tree("/proc", "/proc", ro) < 0 || bind_tree("/sys", "/sys", ro) < 0)
+    /* "/" stays writable: a writable root, whence the pins.  The host's
+     * /dev goes before ours covers it, and /proc and /sys turn read-only
+     * where they are (as the core's view: no mount it hides). */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return -1;
+    (void)umount2("/dev", MNT_DETACH);
+    if (syscall(SYS_move_mount, dev, "", AT_FDCWD, "/dev", MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
+        set_attr(AT_FDCWD, "/proc", AT_RECURSIVE, ro) < 0 ||
+        set_attr(AT_FDCWD, "/sys", AT_RECURSIVE, ro) < 0)
         return -1;
     for (i = 0; i < n_pins; i++)
         if (bind_tree(pins[i], pins[i], MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) < 0)
@@ -476,8 +481,10 @@ static void ws_view(const char *ws)
 
     if (tree < 0 || dev < 0 || unshare(CLONE_NEWNS) < 0 ||
         mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
-        set_attr(AT_FDCWD, "/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID) < 0 ||
-        syscall(SYS_move_mount, dev, "", AT_FDCWD, "/dev", MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
+        set_attr(AT_FDCWD, "/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID) < 0)
+        _exit(129);
+    (void)umount2("/dev", MNT_DETACH); /* as the core's: no mount it hides */
+    if (syscall(SYS_move_mount, dev, "", AT_FDCWD, "/dev", MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
         own_dev() < 0 ||
         syscall(SYS_move_mount, tree, "", AT_FDCWD, ws, MOVE_MOUNT_F_EMPTY_PATH) < 0 || chdir(ws))
         _exit(129);

@@ -268,7 +268,7 @@ static int to_view(PyObject *seq, struct spec_storage *st, size_t *n_out)
                               "iy#y#;view items are (kind, path, data)", &v->kind, &v->path, &plen,
                               &v->data, &dlen))
             goto fail;
-        if (v->kind < SBX_VIEW_RW || v->kind > SBX_VIEW_PIN || plen == 0 ||
+        if (v->kind < SBX_VIEW_RW || v->kind > SBX_VIEW_RO_MOUNT || plen == 0 ||
             strlen(v->path) != (size_t)plen || strlen(v->data) != (size_t)dlen) {
             PyErr_SetString(PyExc_ValueError, "view: bad kind, or an empty path or a NUL byte");
             goto fail;
@@ -1697,6 +1697,7 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "VIEW_RW", SBX_VIEW_RW) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_RW_DEV", SBX_VIEW_RW_DEV) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_RO", SBX_VIEW_RO) < 0 ||
+        PyModule_AddIntConstant(m, "VIEW_RO_MOUNT", SBX_VIEW_RO_MOUNT) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_HIDE_DIR", SBX_VIEW_HIDE_DIR) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_HIDE", SBX_VIEW_HIDE) < 0 ||
         PyModule_AddIntConstant(m, "VIEW_TMPFS", SBX_VIEW_TMPFS) < 0 ||

@@ -96,9 +96,12 @@ enum sbx_view_kind {
     SBX_VIEW_HIDE_DIR, /* deny_read: an empty read-only tmpfs over it */
     SBX_VIEW_HIDE,     /* deny_read, not a directory: /dev/null bound read-only over it */
     SBX_VIEW_TMPFS,    /* a private tmpfs, nosuid, nodev; data: its mount options */
-    SBX_VIEW_PIN       /* a directory on the way from a writable root to what the view
+    SBX_VIEW_PIN,      /* a directory on the way from a writable root to what the view
                           covers: bound over itself (writable, nosuid, nodev), a mount
                           point that cannot be renamed or removed */
+    SBX_VIEW_RO_MOUNT  /* a mount of the kernel's own (proc, sysfs) under a writable
+                          root: read-only and nosuid where it is, with what is mounted
+                          below it (bound read-only over itself if it is no mount) */
 };
 #define SBX_VIEW_MAX_RW 64
 struct sbx_view {

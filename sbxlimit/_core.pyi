@@ -30,6 +30,7 @@ CAPS_BOUNDING: int
 VIEW_RW: int
 VIEW_RW_DEV: int
 VIEW_RO: int
+VIEW_RO_MOUNT: int
 VIEW_HIDE_DIR: int
 VIEW_HIDE: int
 VIEW_TMPFS: int

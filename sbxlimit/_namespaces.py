@@ -554,7 +554,7 @@ def _view(
     for point in _kernel_mounts():
         under = any(within(point, r) and point != r for r in rw)
         if under and not (own_dev and within(point, "/dev")):
-            out.append((_core.VIEW_RO, os.fsencode(point), b""))
+            out.append((_core.VIEW_RO_MOUNT, os.fsencode(point), b""))
     if own_dev or os.path.isdir("/dev/shm"):
         # A private one: the host's is read-only in the view, and shared
         # memory of other processes is none of the sandbox's business.
@@ -978,11 +978,8 @@ class Spawn:
             return entries
 
         def watched() -> list[bool]:
-            kernel = {os.fsencode(p) for p in _kernel_mounts()}
-            return [
-                not (entries[i][0] == _core.VIEW_RO and entries[i][1] in kernel)
-                for i in share.indexes
-            ]
+            # The kernel's mounts: the mount table's poll covers them.
+            return [entries[i][0] != _core.VIEW_RO_MOUNT for i in share.indexes]
 
         got = _viewns.take(share.entries, ro_root, self.dev_fd if own_dev else -1, watched)
         if got is None:

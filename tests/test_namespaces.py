@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -440,6 +441,59 @@ def test_a_view_is_made_once_and_each_sandbox_runs_in_a_copy(tmp_path, monkeypat
     # kept, nor holds a namespace's fd.
     assert len(namespaces) == 3 and not namespaces & kept, (namespaces, kept)
     assert not any("mnt:[" in out.split("\n", 1)[1] for out in seen), seen
+
+
+@needs_view_ns
+@pytest.mark.parametrize(
+    "policy",
+    [Policy(workdir="/"), Policy(), Policy(workdir="/", network="deny")],
+    ids=["workdir=/", "workspace", "network=deny"],
+)
+def test_a_sandbox_s_namespace_holds_no_mount_it_hides(policy):
+    # Every mount of the view is copied, and torn down, with each sandbox's
+    # namespace: the kernel's own under a writable root are made read-only
+    # where they are (not a read-only copy over the writable tree), and the
+    # host's /dev (with its shm and pts) goes before our /dev covers it.
+    out = _in(
+        policy,
+        "cat /proc/self/mountinfo; for d in /proc/sys /sys/fs; do"
+        " touch $d/x 2>/dev/null && echo $d written; done; echo checked",
+    )
+    *table, last = out.splitlines()
+    points = [line.split()[4] for line in table if " - " in line]
+    assert last == "checked", out  # nothing written in /proc or /sys
+    assert len(points) == len(set(points)), sorted(p for p in points if points.count(p) > 1)
+    for point in ("/proc", "/sys", "/dev"):
+        options = next(line.split()[5] for line in table if line.split()[4] == point)
+        assert "ro" in options.split(","), (point, options)
+
+
+def test_a_kernel_mount_entry_that_is_no_mount_is_bound_over_not_its_mount(tmp_path):
+    # VIEW_RO_MOUNT on a path that is no mount's root (one unmounted
+    # meanwhile): the flags must not land on the mount around it ("/",
+    # writable here), the path is bound read-only over itself instead.
+    if view_copy_error() is not None or shutil.which("nsenter") is None:
+        pytest.skip(str(view_copy_error() or "no nsenter(1) here"))
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    entries = [(_core.VIEW_RO_MOUNT, os.fsencode(inner), b""), (_core.VIEW_RO_MOUNT, b"/proc", b"")]
+    fd, missing, _root, _ns = _core.view_ns(entries, False, -1)
+    try:
+        script = (
+            f"touch {inner}/x 2>/dev/null || echo refused; touch {tmp_path}/y && echo written;"
+            " grep -c ' /proc ' /proc/self/mountinfo"
+        )
+        r = subprocess.run(
+            ["nsenter", f"--mount=/proc/self/fd/{fd}", "sh", "-c", script],
+            pass_fds=[fd],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        os.close(fd)
+    assert list(missing) == [] or not any(missing), missing
+    assert r.stdout.split() == ["refused", "written", "1"], (r.stdout, r.stderr)
 
 
 @needs_view_ns

@@ -86,19 +86,20 @@
 struct sbx_mount_attr {
     uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
-#define SBX_MOUNT_ATTR_RDONLY   0x1
-#define SBX_MOUNT_ATTR_NOSUID   0x2
-#define SBX_MOUNT_ATTR_NODEV    0x4
-#define SBX_MOUNT_ATTR_NOEXEC   0x8
-#define SBX_OPEN_TREE_CLONE     1
-#define SBX_MOVE_MOUNT_F_EMPTY  0x4
-#define SBX_AT_RECURSIVE        0x8000
-#define SBX_AT_EMPTY_PATH       0x1000
-#define SBX_AT_SYMLINK_NOFOLLOW 0x100
-#define SBX_FSOPEN_CLOEXEC      0x1
-#define SBX_FSMOUNT_CLOEXEC     0x1
-#define SBX_FSCONFIG_SET_STRING 1
-#define SBX_FSCONFIG_CMD_CREATE 6
+#define SBX_MOUNT_ATTR_RDONLY     0x1
+#define SBX_MOUNT_ATTR_NOSUID     0x2
+#define SBX_MOUNT_ATTR_NODEV      0x4
+#define SBX_MOUNT_ATTR_NOEXEC     0x8
+#define SBX_OPEN_TREE_CLONE       1
+#define SBX_MOVE_MOUNT_F_EMPTY    0x4
+#define SBX_AT_RECURSIVE          0x8000
+#define SBX_AT_EMPTY_PATH         0x1000
+#define SBX_AT_SYMLINK_NOFOLLOW   0x100
+#define SBX_STATX_ATTR_MOUNT_ROOT 0x2000
+#define SBX_FSOPEN_CLOEXEC        0x1
+#define SBX_FSMOUNT_CLOEXEC       0x1
+#define SBX_FSCONFIG_SET_STRING   1
+#define SBX_FSCONFIG_CMD_CREATE   6
 
 static int write_file(const char *path, const char *text)
 {
@@ -223,6 +224,43 @@ static int bind_tree(const char *src, const char *path, unsigned recursive, uint
 static int bind_ro(const char *src, const char *path, unsigned recursive)
 {
     return bind_tree(src, path, recursive, SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID);
+}
+
+/* The mount at path (the kernel's own: /proc, /sys) read-only and nosuid
+ * where it is, with what is mounted below it.  A read-only copy bound over
+ * it would do as much, and leave the writable tree beneath: every mount of
+ * a namespace is copied, and torn down, with each sandbox's.  The fd
+ * holds the mount checked: not the root of one (unmounted meanwhile), the
+ * flags would land on the mount around it, so it is bound over instead. */
+static int ro_where_it_is(const char *path)
+{
+    struct statx sx;
+    int rc, saved,
+        fd = (int)syscall(SYS_open_tree, AT_FDCWD, path, O_CLOEXEC | SBX_AT_SYMLINK_NOFOLLOW);
+
+    if (fd < 0)
+        return -1;
+    if (statx(fd, "", SBX_AT_EMPTY_PATH, 0, &sx) == 0 &&
+        (sx.stx_attributes_mask & SBX_STATX_ATTR_MOUNT_ROOT) &&
+        (sx.stx_attributes & SBX_STATX_ATTR_MOUNT_ROOT))
+        rc = set_attr(fd, "", SBX_AT_EMPTY_PATH | SBX_AT_RECURSIVE,
+                      SBX_MOUNT_ATTR_RDONLY | SBX_MOUNT_ATTR_NOSUID);
+    else
+        rc = bind_ro(path, path, SBX_AT_RECURSIVE);
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+/* The host's /dev and what is mounted on it (its shm, its pts), gone from
+ * this namespace before a /dev of our own covers them: hidden, they would
+ * still be copied with each sandbox's namespace.  Best effort: "/dev" may
+ * be no mount, or one this namespace may not unmount (locked, in a user
+ * namespace): covered then, as before. */
+static void detach_host_dev(void)
+{
+    (void)umount2("/dev", MNT_DETACH);
 }
 
 static int writable(const struct sbx_view *v)
@@ -390,11 +428,14 @@ static int private_dev(const struct sbx_spec *s, int template)
 {
     int nodes[N_DEV_NODES], dir, rc;
 
-    if (template >= 0)
+    if (template >= 0) {
+        detach_host_dev();
         return attach(template, "/dev", 0) < 0 ? -1 : own_devpts(s);
-    /* The host's nodes first: the tmpfs hides them. */
+    }
+    /* The host's nodes first: they go with its /dev. */
     if (clone_nodes(nodes) < 0)
         return -1;
+    detach_host_dev();
     if (mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") <
             0 ||
         (dir = open("/dev", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) {
@@ -448,6 +489,8 @@ static int view_entry(const struct sbx_spec *s, const struct sbx_view *v)
     switch (v->kind) {
     case SBX_VIEW_RO: /* data: a link's target, bound over the link itself */
         return bind_ro(v->data != NULL ? v->data : v->path, v->path, SBX_AT_RECURSIVE);
+    case SBX_VIEW_RO_MOUNT:
+        return ro_where_it_is(v->path);
     case SBX_VIEW_HIDE:
         return bind_ro("/dev/null", v->path, 0);
     case SBX_VIEW_HIDE_DIR:
@@ -935,6 +978,8 @@ static int make_view(struct view_job *job)
         close_all(&dev, 1);
         return -1;
     }
+    if (dev >= 0)
+        detach_host_dev();
     /* attach_rw closes every clone, put back or not. */
     if (attach_rw(view, job->n_view, rw, &index) < 0 || (dev >= 0 && attach(dev, "/dev", 0) < 0)) {
         close_all(&dev, 1);
