@@ -468,6 +468,26 @@ def test_a_sandbox_s_namespace_holds_no_mount_it_hides(policy):
         assert "ro" in options.split(","), (point, options)
 
 
+@needs_view_ns
+def test_a_writable_root_in_dev_does_not_stop_the_view_made_once(tmp_path):
+    # The host's /dev goes from the view once the writable roots are back:
+    # one that lies in it (its shm) must still find where to go.
+    from sbxlimit import _viewns
+
+    # A directory of the host's /dev alone (not in the one beneath it).
+    inside = f"/dev/sbxlimit-test-{os.getpid()}"
+    try:
+        os.mkdir(inside)
+    except OSError as e:
+        pytest.skip(f"cannot make a directory in /dev: {e}")
+    try:
+        _viewns.drop()
+        _in(Policy(workdir=str(tmp_path), writable_roots=[inside]), "true")
+        assert _kept_views() and not _viewns._broken
+    finally:
+        os.rmdir(inside)
+
+
 def test_a_kernel_mount_entry_that_is_no_mount_is_bound_over_not_its_mount(tmp_path):
     # VIEW_RO_MOUNT on a path that is no mount's root (one unmounted
     # meanwhile): the flags must not land on the mount around it ("/",

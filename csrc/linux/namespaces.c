@@ -978,12 +978,19 @@ static int make_view(struct view_job *job)
         close_all(&dev, 1);
         return -1;
     }
-    if (dev >= 0)
-        detach_host_dev();
-    /* attach_rw closes every clone, put back or not. */
-    if (attach_rw(view, job->n_view, rw, &index) < 0 || (dev >= 0 && attach(dev, "/dev", 0) < 0)) {
+    /* attach_rw closes every clone, put back or not.  The host's /dev goes
+     * after (a writable root may lie in it) and before ours, as the child
+     * does it. */
+    if (attach_rw(view, job->n_view, rw, &index) < 0) {
         close_all(&dev, 1);
         return -1;
+    }
+    if (dev >= 0) {
+        detach_host_dev();
+        if (attach(dev, "/dev", 0) < 0) {
+            close_all(&dev, 1);
+            return -1;
+        }
     }
     close_all(&dev, 1);
     for (i = 0; i < job->n_view; i++) {
