@@ -1111,11 +1111,14 @@ static struct fs_anchor *fs_anchors(PyObject *seq, PyObject *keep, Py_ssize_t *n
         return NULL;
     }
     for (i = 0; i < n; i++) {
-        PyObject *dir = NULL, *rel = NULL;
+        PyObject *dir = NULL, *rel = NULL, *item = PySequence_Fast_GET_ITEM(fast, i);
 
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "O&iO&:fs_batch anchor",
-                              PyUnicode_FSConverter, &dir, &out[i].at, PyUnicode_FSConverter,
-                              &rel)) {
+        if (!PyTuple_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "fs_batch: an anchor is a (dir, fd, rel) tuple");
+            goto fail;
+        }
+        if (!PyArg_ParseTuple(item, "O&iO&:fs_batch anchor", PyUnicode_FSConverter, &dir,
+                              &out[i].at, PyUnicode_FSConverter, &rel)) {
             Py_XDECREF(dir);
             goto fail;
         }
@@ -1126,6 +1129,10 @@ static struct fs_anchor *fs_anchors(PyObject *seq, PyObject *keep, Py_ssize_t *n
         }
         Py_DECREF(dir); /* keep holds them */
         Py_DECREF(rel);
+        if (out[i].at < 0) { /* -1 would be the working directory */
+            PyErr_SetString(PyExc_ValueError, "fs_batch: an anchor's fd must be >= 0");
+            goto fail;
+        }
         out[i].dir = PyBytes_AS_STRING(dir);
         out[i].dir_len = (size_t)PyBytes_GET_SIZE(dir);
         out[i].rel = PyBytes_AS_STRING(rel);
@@ -1196,11 +1203,15 @@ static PyObject *core_fs_batch(PyObject *self, PyObject *args)
     if (anchors_seq && !(anchors = fs_anchors(anchors_seq, keep, &n_anchors)))
         goto done;
     for (i = 0; i < n; i++) {
-        PyObject *path = NULL, *data;
+        PyObject *path = NULL, *data, *item = PySequence_Fast_GET_ITEM(fast, i);
         int op, fd = -1, dir = -1;
 
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iO&O|ii:fs_batch step", &op,
-                              PyUnicode_FSConverter, &path, &data, &fd, &dir))
+        if (!PyTuple_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "fs_batch: a step is a tuple");
+            goto done;
+        }
+        if (!PyArg_ParseTuple(item, "iO&O|ii:fs_batch step", &op, PyUnicode_FSConverter, &path,
+                              &data, &fd, &dir))
             goto done;
         steps[i].fd = fd;
         steps[i].dir = dir;

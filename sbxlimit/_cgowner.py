@@ -33,7 +33,16 @@ import os
 import threading
 import time
 
-__all__ = ["OWNER_SUFFIX", "anchor", "claim", "hold", "let_go", "owner_path", "release_all"]
+__all__ = [
+    "OWNER_SUFFIX",
+    "anchor",
+    "claim",
+    "forget",
+    "hold",
+    "let_go",
+    "owner_path",
+    "release_all",
+]
 
 OWNER_SUFFIX = ".owner"
 
@@ -43,6 +52,11 @@ _held: dict[str, int] = {}
 _retry_at: dict[str, float] = {}
 RETRY = 1.0
 _claimed: set[int] = set()  # fds a collector holds exclusively (a fork's child closes them)
+# Owner fds let go (release_all, forget) but never closed: a thread may
+# still resolve a path from one (anchor), and a number closed under it
+# could name another directory by then.  `..` from a removed directory is
+# still its parent.  A fork's child closes them.
+_let_go: list[int] = []
 _lock = threading.Lock()
 # Bumped whenever an fd of _held changes (taken, let go at exit, closed in
 # a fork's child): what a cached anchor() answer is checked against.
@@ -74,6 +88,18 @@ def hold(parent: str) -> None:
 def _changed() -> None:
     global generation
     generation += 1
+
+
+def forget(parent: str, fd: int) -> None:
+    """Our owner cgroup in `parent` is gone (removed from outside: a mkdir
+    from it found no parent): let go of its fd, so that the next `hold`
+    takes a lock in the parent there now."""
+    with _lock:
+        if _held.get(parent) == fd >= 0:
+            del _held[parent]
+            _retry_at.pop(parent, None)
+            _let_go.append(fd)
+            _changed()
 
 
 def anchor(parent: str) -> int:
@@ -171,6 +197,7 @@ def release_all() -> None:
     with _lock:
         held = list(_held.items())
         _held.clear()
+        _let_go.extend(fd for _p, fd in held if fd >= 0)
         _changed()
     prefix = f"sbx-{os.getpid():x}-"
     for parent, fd in held:
@@ -182,7 +209,8 @@ def release_all() -> None:
                 os.rmdir(owner_path(parent, os.getpid()))
         except OSError:
             pass
-        os.close(fd)
+        # Not closed (_let_go): a supervisor that outlived the drain may
+        # still reach a cgroup from it.
 
 
 def _before_fork() -> None:
@@ -199,7 +227,7 @@ def _after_fork_in_child() -> None:
     # child names its cgroups after its own pid and takes its own lock.
     global _lock
     _lock = threading.Lock()
-    for fd in [*_held.values(), *_claimed]:
+    for fd in [*_held.values(), *_claimed, *_let_go]:
         if fd >= 0:
             try:
                 os.close(fd)
@@ -208,6 +236,7 @@ def _after_fork_in_child() -> None:
     _held.clear()
     _retry_at.clear()
     _claimed.clear()
+    _let_go.clear()
     _changed()
 
 

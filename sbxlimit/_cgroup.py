@@ -591,7 +591,9 @@ class Cgroup:
         # parent, "../<name>") for the directories made from one (create()),
         # whose files are then reached from it (_anchors).
         self.anchors: tuple[tuple[str, int, str], ...] = ()
-        self.anchored_at = 0  # _cgowner.generation when they were checked
+        # (_cgowner.generation, pid) when they were checked: a fork's child,
+        # or another process (a copy), checks them again.
+        self.anchored_at = (0, 0)
         # (fd, field) the supervisor watches instead of sampling (open_events).
         self.events: list[tuple[int, str]] = []
         self.armed: set[str] = set()  # fields whose event fds were opened ahead (arm)
@@ -680,7 +682,7 @@ class Cgroup:
             if ctrl not in skip
         }
         if not self.site.explicit:
-            self.anchored_at = _cgowner.generation
+            self.anchored_at = (_cgowner.generation, os.getpid())
             self.anchors = tuple(
                 (dirs[ctrl], fd, "../" + self.name)
                 for ctrl, parent in self.site.parents
@@ -697,6 +699,12 @@ class Cgroup:
         if any(errs):
             made = [path for path, err in zip(dirs.values(), errs, strict=False) if err == 0]
             _core.fs_batch([(_core.FS_RMDIR, path, None) for path in made], False, self.anchors)
+            gone = {p for p, err in zip(dirs.values(), errs, strict=False) if err == errno.ENOENT}
+            for d, owner, _rel in self.anchors:
+                if d in gone:
+                    # No parent there: our owner cgroup was removed from
+                    # outside, and the parent with it.  Take a lock anew.
+                    _cgowner.forget(os.path.dirname(d), owner)
             # create()'s step by step way makes them from "/" (a parent
             # made again is not the one an anchor is in).
             self.anchors = ()
@@ -928,12 +936,13 @@ class Cgroup:
         from "/" has seven or eight, each a slow lookup on kernfs (some 40
         us of the machine's CPU a sandbox).  One let go since (a fork's
         child, the exit) is dropped: its paths are walked whole again."""
-        if self.anchors and self.anchored_at != _cgowner.generation:
-            self.anchored_at = _cgowner.generation
-            self.anchors = tuple(
-                a for a in self.anchors if _cgowner.anchor(os.path.dirname(a[0])) == a[1]
-            )
-        return self.anchors
+        anchors, now = self.anchors, (_cgowner.generation, os.getpid())
+        if anchors and self.anchored_at != now:
+            anchors = tuple(a for a in anchors if _cgowner.anchor(os.path.dirname(a[0])) == a[1])
+            # The anchors first: a thread that sees the new check sees them.
+            self.anchors = anchors
+            self.anchored_at = now
+        return anchors
 
     def _get(self, ctrl: str, fname: str) -> str:
         path = self._path(ctrl, fname)

@@ -548,6 +548,105 @@ def test_a_cgroup_s_files_are_reached_from_the_owner_cgroup_beside_it():
 
 
 @needs_cgroup
+def test_a_removed_owner_cgroup_costs_one_step_by_step_create():
+    # Our owner cgroup removed from outside (rmdir ignores flock) and its
+    # parent made again: the fd held names a removed parent.  The create
+    # that finds no parent there lets it go; the next takes a lock anew.
+    from sbxlimit import _cgowner
+
+    ctrl, hierarchy = SITE.parents[0]
+    parent = os.path.join(hierarchy, f"sbxlimit-test-{os.getpid()}")
+    site = Site(SITE.version, ((ctrl, parent),), frozenset(), False, "", explicit=False)
+    fast: list[bool] = []
+    real = Cgroup._create_in_one_call
+
+    def spy(self, skip, settings):
+        done = real(self, skip, settings)
+        if self.site is site:  # not the supervisor's, made meanwhile
+            fast.append(done)
+        return done
+
+    os.mkdir(parent)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Cgroup, "_create_in_one_call", spy)
+            Cgroup.create(site, f"sbx-{os.getpid():x}-9000003", ()).remove()
+            os.rmdir(owner_path(parent, os.getpid()))  # from outside
+            os.rmdir(parent)
+            os.mkdir(parent)
+            made = []
+            for n in (4, 5, 6):
+                cg = Cgroup.create(site, f"sbx-{os.getpid():x}-900000{n}", ())
+                made.append((os.path.isdir(cg.dirs[ctrl]), len(cg.anchors)))
+                assert cg.remove()
+        assert fast == [True, False, True, True], fast
+        assert made == [(True, 0), (True, 1), (True, 1)], made
+        assert os.path.isdir(owner_path(parent, os.getpid()))
+    finally:
+        fd = _cgowner.anchor(parent)
+        if fd >= 0:
+            _cgowner.forget(parent, fd)
+        for d in [owner_path(parent, os.getpid()), parent]:
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
+
+_OUTLIVES_THE_EXIT = """
+import os, subprocess, threading, tempfile
+from sbxlimit import _cgowner, _core
+from sbxlimit._cgroup import Cgroup, discover
+
+cg = Cgroup.create(discover(), f"sbx-{os.getpid():x}-9000007", [])
+dirs = list(cg.dirs.values())
+numbers = {fd for _d, fd, _r in cg.anchors}
+sleeper = subprocess.Popen(["sleep", "60"])
+for d in dirs:  # populated, as a cgroup the supervisor still retires
+    with open(os.path.join(d, "cgroup.procs"), "w") as f:
+        f.write(str(sleeper.pid))
+decoy = tempfile.mkdtemp()
+paused, resume, out = threading.Event(), threading.Event(), {}
+real = _core.fs_batch
+
+def fs_batch(steps, stop, anchors=()):
+    if anchors and threading.current_thread().name == "supervisor":
+        paused.set()  # descheduled between its anchors and the core call
+        resume.wait()
+    return real(steps, stop, anchors)
+
+_core.fs_batch = fs_batch
+t = threading.Thread(target=lambda: out.update(r=cg.remove(), pids=cg.pids()), name="supervisor")
+t.start()
+paused.wait()
+_cgowner.release_all()  # the exit's CGROUPS phase, the supervisor still at work
+taken = []  # the numbers given again (the WORKSPACES phase opens directories)
+while not numbers <= set(taken) and len(taken) < 512:
+    taken.append(os.open(decoy, os.O_RDONLY | os.O_DIRECTORY))
+_core.fs_batch = real
+resume.set()
+t.join()
+held = sum(map(os.path.isdir, dirs)) == len(dirs)
+print(bool(numbers), out["r"], out["pids"] == [sleeper.pid], held)
+sleeper.kill()
+sleeper.wait()
+cg.kill()
+print(cg.remove(), any(map(os.path.isdir, dirs)))
+"""
+
+
+@needs_cgroup
+def test_a_supervisor_that_outlives_the_exit_s_release_still_reaches_its_cgroups():
+    # At exit the owner locks are let go while a supervisor that outlived
+    # the drain may be between its anchors and a core call: their fds stay
+    # open (another directory given the number would take an rmdir's
+    # ENOENT for "gone", and a process list for empty).
+    r = subprocess.run([PY, "-c", _OUTLIVES_THE_EXIT], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    # Anchored; not taken for gone while populated, its process listed, its
+    # directories there; then removed once empty.
+    assert r.stdout.split() == ["True", "False", "True", "True", "True", "False"], r.stdout
+
+
+@needs_cgroup
 def test_a_fork_s_child_never_reaches_a_cgroup_through_its_parent_s_anchors(tmp_path):
     # A forked child closes the owner cgroups' fds it inherited: their
     # numbers, given again to directories of its own laid out like the

@@ -380,9 +380,17 @@ def test_a_path_in_an_anchored_directory_is_reached_from_its_fd(tmp_path):
         assert out[:4] == [b"anchored", 0, errno.ENOENT, errno.ENOENT]
         assert (real / "new").is_dir()
         assert out[4] == 0 and (real / "control").read_bytes().split()[2] == b"7"
-        # A malformed anchor is refused before any step runs.
+        # A malformed anchor is refused before any step runs; -1 would be
+        # the working directory.
+        for bad, error in [
+            ((gone, "at", "../real"), TypeError),
+            ([gone, at, "../real"], TypeError),
+            ((gone, -1, "../real"), ValueError),
+        ]:
+            with pytest.raises(error):
+                _core.fs_batch([(MK, tmp_path / "x", None)], False, [bad])
         with pytest.raises(TypeError):
-            _core.fs_batch([(MK, tmp_path / "x", None)], False, [(gone, "at", "../real")])
+            _core.fs_batch([[MK, tmp_path / "x", None]], False)
         assert not (tmp_path / "x").exists()
     finally:
         os.close(efd)
