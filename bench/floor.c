@@ -238,18 +238,20 @@ static int own_dev(void)
     return mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
 }
 
-/* The view, in a namespace just unshared; dev: a clone of the template. */
-static int make_view(int dev)
+/* The view, in a namespace just unshared; dev: a clone of the template;
+ * once: the namespace made once, which each child copies. */
+static int make_view(int dev, int once)
 {
     uint64_t ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID;
     size_t i;
 
-    /* "/" stays writable: a writable root, whence the pins.  The host's
-     * /dev goes before ours covers it, and /proc and /sys turn read-only
-     * where they are (as the core's view: no mount it hides). */
+    /* "/" stays writable: a writable root, whence the pins.  /proc and
+     * /sys turn read-only where they are, and in the namespace made once
+     * the host's /dev goes before ours covers it (as the core's view). */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         return -1;
-    (void)umount2("/dev", MNT_DETACH);
+    if (once)
+        (void)umount2("/dev", MNT_DETACH);
     if (syscall(SYS_move_mount, dev, "", AT_FDCWD, "/dev", MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
         set_attr(AT_FDCWD, "/proc", AT_RECURSIVE, ro) < 0 ||
         set_attr(AT_FDCWD, "/sys", AT_RECURSIVE, ro) < 0)
@@ -273,7 +275,7 @@ static void view(void)
 {
     int dev = clone_dev();
 
-    if (dev < 0 || unshare(CLONE_NEWNS) < 0 || make_view(dev) < 0 || own_dev() < 0)
+    if (dev < 0 || unshare(CLONE_NEWNS) < 0 || make_view(dev, 0) < 0 || own_dev() < 0)
         _exit(125);
 }
 
@@ -483,7 +485,6 @@ static void ws_view(const char *ws)
         mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
         set_attr(AT_FDCWD, "/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID) < 0)
         _exit(129);
-    (void)umount2("/dev", MNT_DETACH); /* as the core's: no mount it hides */
     if (syscall(SYS_move_mount, dev, "", AT_FDCWD, "/dev", MOVE_MOUNT_F_EMPTY_PATH) < 0 ||
         own_dev() < 0 ||
         syscall(SYS_move_mount, tree, "", AT_FDCWD, ws, MOVE_MOUNT_F_EMPTY_PATH) < 0 || chdir(ws))
@@ -785,7 +786,7 @@ static int make_view_ns(void)
         int dev = clone_dev();
 
         close(ready[0]);
-        if (dev < 0 || unshare(CLONE_NEWNS) < 0 || make_view(dev) < 0)
+        if (dev < 0 || unshare(CLONE_NEWNS) < 0 || make_view(dev, 1) < 0)
             _exit(1);
         if (write(ready[1], "x", 1) != 1)
             _exit(1);

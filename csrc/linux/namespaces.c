@@ -254,10 +254,11 @@ static int ro_where_it_is(const char *path)
 }
 
 /* The host's /dev and what is mounted on it (its shm, its pts), gone from
- * this namespace before a /dev of our own covers them: hidden, they would
- * still be copied with each sandbox's namespace.  Best effort: "/dev" may
- * be no mount, or one this namespace may not unmount (locked, in a user
- * namespace): covered then, as before. */
+ * the namespace made once before a /dev of our own covers them: hidden,
+ * they would still be copied with each sandbox's namespace.  Not in a
+ * child that makes its own view: an unmount waits for an RCU grace period
+ * (some 100 us here), more than the copies cost.  Best effort: "/dev" may
+ * be no mount: covered then, as before. */
 static void detach_host_dev(void)
 {
     (void)umount2("/dev", MNT_DETACH);
@@ -428,14 +429,11 @@ static int private_dev(const struct sbx_spec *s, int template)
 {
     int nodes[N_DEV_NODES], dir, rc;
 
-    if (template >= 0) {
-        detach_host_dev();
+    if (template >= 0)
         return attach(template, "/dev", 0) < 0 ? -1 : own_devpts(s);
-    }
-    /* The host's nodes first: they go with its /dev. */
+    /* The host's nodes first: the tmpfs hides them. */
     if (clone_nodes(nodes) < 0)
         return -1;
-    detach_host_dev();
     if (mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k") <
             0 ||
         (dir = open("/dev", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) {
