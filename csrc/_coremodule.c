@@ -50,23 +50,36 @@ static void storage_free(struct spec_storage *st)
     PyMem_Free(st->view);
 }
 
+/* PySequence_Fast(seq) into *fast and a zeroed array of one element more
+ * than it holds, each `size` bytes; NULL with an exception set (*fast
+ * released). */
+static void *fast_array(PyObject *seq, const char *what, size_t size, PyObject **fast,
+                        Py_ssize_t *n)
+{
+    void *out;
+
+    *fast = PySequence_Fast(seq, what);
+    if (!*fast)
+        return NULL;
+    *n = PySequence_Fast_GET_SIZE(*fast);
+    out = PyMem_Calloc((size_t)*n + 1, size);
+    if (!out) {
+        Py_CLEAR(*fast);
+        PyErr_NoMemory();
+    }
+    return out;
+}
+
 /* A NULL-terminated char* array from a sequence of path-likes; the bytes
  * objects the pointers point into are appended to keep. */
 static char **to_cstrings_keep(PyObject *seq, const char *what, PyObject *keep, size_t *n_out)
 {
-    PyObject *fast = PySequence_Fast(seq, what);
+    PyObject *fast;
     Py_ssize_t i, n;
-    char **out;
+    char **out = fast_array(seq, what, sizeof *out, &fast, &n);
 
-    if (!fast)
+    if (!out)
         return NULL;
-    n = PySequence_Fast_GET_SIZE(fast);
-    out = PyMem_Calloc((size_t)n + 1, sizeof *out);
-    if (!out) {
-        Py_DECREF(fast);
-        PyErr_NoMemory();
-        return NULL;
-    }
     for (i = 0; i < n; i++) {
         PyObject *b = NULL;
         if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, i), &b))
@@ -1095,21 +1108,14 @@ struct fs_anchor {
  * NULL with an exception set; *n_out 0 for none. */
 static struct fs_anchor *fs_anchors(PyObject *seq, PyObject *keep, Py_ssize_t *n_out)
 {
-    struct fs_anchor *out;
     PyObject *fast;
     Py_ssize_t i, n;
+    struct fs_anchor *out =
+        fast_array(seq, "fs_batch: anchors must be a sequence", sizeof *out, &fast, &n);
 
     *n_out = 0;
-    fast = PySequence_Fast(seq, "fs_batch: anchors must be a sequence");
-    if (!fast)
+    if (!out)
         return NULL;
-    n = PySequence_Fast_GET_SIZE(fast);
-    out = PyMem_Calloc((size_t)n + 1, sizeof *out);
-    if (!out) {
-        Py_DECREF(fast);
-        PyErr_NoMemory();
-        return NULL;
-    }
     for (i = 0; i < n; i++) {
         PyObject *dir = NULL, *rel = NULL, *item = PySequence_Fast_GET_ITEM(fast, i);
 
