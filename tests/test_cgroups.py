@@ -654,7 +654,7 @@ def test_a_fork_s_child_never_reaches_a_cgroup_through_its_parent_s_anchors(tmp_
     cg = Cgroup.create(SITE, f"sbx-{os.getpid():x}-9000002", ())  # a name gc knows
     try:
         if not cg.anchors:
-            pytest.skip("no owner cgroup here to reach cgroups from")
+            pytest.skip(f"no owner cgroup here to reach cgroups from ({privileges()})")
         for d in cg.dirs.values():
             (tmp_path / cg.name).mkdir(exist_ok=True)
             for fname in os.listdir(d):

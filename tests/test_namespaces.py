@@ -27,6 +27,7 @@ from sbxlimit._seccomp import seccomp_works
 
 from .conftest import (
     kept_in_a_fork,
+    privileges,
     settled_fds,
     settled_temp,
     tagged_sleep,
@@ -483,7 +484,7 @@ def test_a_writable_root_in_dev_does_not_stop_the_view_made_once(tmp_path):
     try:
         os.mkdir(inside)
     except OSError as e:
-        pytest.skip(f"cannot make a directory in /dev: {e}")
+        pytest.skip(f"cannot make a directory in /dev: {e} ({privileges()})")
     try:
         _viewns.drop()
         _in(Policy(workdir=str(tmp_path), writable_roots=[inside]), "true")
