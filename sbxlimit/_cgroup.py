@@ -55,7 +55,8 @@ GROUP_DIR = "sbxlimit"  # made by root at a hierarchy root, holds sbx-* cgroups
 SUPERVISOR_LEAF = "sbx-supervisor"  # where move_self_to_leaf puts this process
 _WANTED = ("memory", "pids", "cpu")
 # v1: the limit controllers, plus cpuacct for CPU usage and freezer for a
-# tree kill that a fork loop cannot outrun.
+# tree kill that a fork loop cannot outrun (where no pids controller can
+# stop the loop instead: Cgroup._block_forks).
 _V1 = ("memory", "pids", "cpu", "cpuacct", "freezer")
 log = logging.getLogger("sbxlimit")
 # A step of _core.fs_batch and what it gives back.
@@ -63,6 +64,21 @@ _Step = tuple[int, str, bytes | None] | tuple[int, str, bytes | None, int]
 _Result = int | bytes | tuple[int, int] | tuple[int]
 # kill(until_empty=False): listings at most (each kills what forked since).
 _QUICK_PASSES = 20
+
+
+def _v1_unneeded(site: Site, settings: Iterable[tuple[str, str, str]]) -> frozenset[str]:
+    """The v1 hierarchies a sandbox cgroup can do without (every directory
+    costs a mkdir, the child's join and an rmdir): cpu without a cpu limit
+    (cpuacct counts usage), the freezer where the pids controller can stop
+    a kill's fork loop (Cgroup._block_forks)."""
+    if site.version != 1:
+        return frozenset()
+    unneeded = set()
+    if all(c != "cpu" for c, _f, _v in settings):
+        unneeded.add("cpu")
+    if any(c == "pids" for c, _p in site.parents):
+        unneeded.add("freezer")
+    return frozenset(unneeded)
 
 
 def _send(pids: Iterable[int], sig: int) -> None:
@@ -572,6 +588,7 @@ class Cgroup:
         "dirs",
         "events",
         "figures",
+        "forks_blocked_at",
         "name",
         "paths",
         "peak_memory",
@@ -606,6 +623,9 @@ class Cgroup:
         # read says whether anything else is left (_only_the_leader).
         self.count_fd = -1
         self.count_pid = 0  # the process that opened count_fd
+        # v1: pids.events' "max" when a kill stopped every fork (pids.max
+        # = 0); what it refuses after is the kill's, not the program's.
+        self.forks_blocked_at: int | None = None
         self.paths: dict[tuple[str, str], str | None] = {}
         # stats()'s reads as one core call, per (final, evidence): memoized.
         self.batches: dict[
@@ -626,9 +646,7 @@ class Cgroup:
         file."""
         cg = cls(site, name)
         settings = tuple(settings)
-        # v1: the cpu hierarchy only for a cpu limit (cpuacct counts usage);
-        # every directory costs a mkdir, a join and an rmdir.
-        skip = {"cpu"} if site.version == 1 and all(c != "cpu" for c, _f, _v in settings) else ()
+        skip = _v1_unneeded(site, settings)
         cg._hold_owner_locks(skip)  # before the name is ours: see _cgowner
         if cg._create_in_one_call(skip, settings):
             return cg
@@ -964,6 +982,8 @@ class Cgroup:
             return None
         if self.site.version == 1 and "freezer" in self.dirs:
             d = self.dirs["freezer"]
+        elif self.site.version == 1 and "pids" in self.dirs:
+            d = self.dirs["pids"]
         return os.path.join(d, "cgroup.procs")
 
     def pids(self) -> list[int]:
@@ -1008,13 +1028,15 @@ class Cgroup:
 
     def kill(self, *, until_empty: bool = True, leader_gone: bool = False) -> None:
         """SIGKILL everything inside, atomically where the kernel can
-        (cgroup.kill, Linux 5.14); else freeze, kill, thaw until empty
-        (up to some 5 s for processes that will not freeze: asleep in the
-        kernel, uninterruptibly).  Without `until_empty` (the supervisor,
-        whose timers end every other sandbox): SIGKILL what is listed, a
-        few passes for what forked meanwhile, no freezer, no wait.
-        `leader_gone`: the leader has exited (its caller's common case,
-        where nothing else is left)."""
+        (cgroup.kill, Linux 5.14); else (v1) stop every fork with the pids
+        controller (or freeze, where a cgroup has no pids directory), then
+        kill what is listed until nothing is (up to some 5 s for processes
+        that will not freeze: asleep in the kernel, uninterruptibly).
+        Without `until_empty` (the supervisor, whose timers end every
+        other sandbox): SIGKILL what is listed, a few passes for what
+        forked meanwhile, no freezer, no wait.  `leader_gone`: the leader
+        has exited (its caller's common case, where nothing else is
+        left)."""
         if self.removed:
             return
         if self.site.version == 2:
@@ -1026,12 +1048,14 @@ class Cgroup:
             except OSError:
                 pass
         if not until_empty:
+            self._block_forks()
             self._kill_listed()
             return
         if leader_gone and self._only_the_leader():
             return  # the common case at a leader's exit: nothing left
         if not self.pids():
             return
+        self._block_forks()
         freezer = self.dirs.get("freezer")
         state = os.path.join(freezer, "freezer.state") if freezer else None
         for _ in range(100):
@@ -1049,6 +1073,21 @@ class Cgroup:
             if not victims:
                 return
             time.sleep(0.001)
+
+    def _block_forks(self) -> None:
+        """(v1, a kill.)  Every fork in the cgroup fails from now on (pids.max
+        = 0): what is listed can only shrink, and no fork loop outruns the
+        kill.  A fork refused then counts in pids.events as one past the
+        sandbox's own limit would: the count it had before is kept first,
+        and the evidence reads no further (counters())."""
+        d = self.dirs.get("pids")
+        if self.site.version != 1 or d is None or self.forks_blocked_at is not None:
+            return
+        text = self._read(os.path.join(d, "pids.events"))
+        # Before the write: a reader that sees a refusal of the block's
+        # sees this too.
+        self.forks_blocked_at = _kv(text).get("max", 0)
+        _write_quiet(os.path.join(d, "pids.max"), "0")
 
     def _only_the_leader(self) -> bool:
         """(v1, the leader exited, not reaped.)  Nothing else is left: the
@@ -1256,6 +1295,9 @@ class Cgroup:
                 oom = _kv(text).get("oom_kill", 0)
             elif field == "pids":
                 refused = _kv(get("pids", "pids.events")).get("max", 0)
+                blocked = self.forks_blocked_at  # read after the file: see _block_forks
+                if blocked is not None:
+                    refused = min(refused, blocked)
             elif v2:
                 usec = _kv(get("cpu", "cpu.stat")).get("usage_usec")
                 cpu = None if usec is None else usec / 1e6

@@ -7,6 +7,7 @@ own tests at the end."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -295,6 +296,137 @@ def test_a_leftover_nobody_reads_from_dies_at_the_leaders_exit(tmp_path):
         time.sleep(0.1)  # the pool makes the next one meanwhile
     else:
         pytest.fail("no cgroup of the kind came from the pool")
+
+
+# Forks as fast as it can, retrying refused forks; says "refused" once,
+# at the first.  Prints its pid first.
+FORK_LOOP = """
+    import os
+    print(os.getpid(), flush=True)
+    said = False
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:
+            if not said:
+                print("refused", flush=True)
+                said = True
+            continue
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+"""
+
+needs_v1_pids = pytest.mark.skipif(
+    SITE.version != 1 or not SITE.has("pids"),
+    reason=f"cgroup v1 with the pids controller (here: {SITE.label or SITE.reason}; "
+    "see `sbxlimit doctor`); v2 kills through cgroup.kill",
+)
+
+
+@needs_v1_pids
+def test_a_v1_kill_stops_a_fork_loop_without_the_freezer():
+    # The pids controller stops every fork for the kill (pids.max = 0), so
+    # a sandbox needs no freezer directory: one mkdir, join and rmdir less.
+    p = sbxlimit.Popen(
+        [PY, "-c", textwrap.dedent(FORK_LOOP)],
+        stdout=subprocess.PIPE,
+        text=True,
+        limits=Limits(wall_time="10s"),
+    )
+    with p:
+        int(p.stdout.readline())
+        cg = p._sbx.cgroup
+        assert "freezer" not in cg.dirs and "pids" in cg.dirs, cg.dirs
+        time.sleep(0.2)  # forking at full speed
+        left = cg.pids()
+        assert left
+        p.kill_tree(grace=0)
+    assert p.termination.reason == "signaled", p.termination
+    assert not wait_gone(left, 2)
+    assert get_monitor().drain(5) and not mine()
+
+
+@pytest.mark.skipif(
+    SITE.version != 1 or not any(c == "freezer" for c, _p in SITE.parents),
+    reason=f"cgroup v1 with the freezer (here: {SITE.label or SITE.reason}; see `sbxlimit doctor`)",
+)
+def test_a_v1_site_without_pids_kills_a_fork_loop_through_the_freezer():
+    # Where the pids controller is missing, the freezer holds the cgroup
+    # still for the kill (freeze, kill, thaw), as before.
+    site = dataclasses.replace(
+        SITE,
+        parents=tuple((c, p) for c, p in SITE.parents if c != "pids"),
+        controllers=SITE.controllers - {"pids"},
+    )
+    cg = Cgroup.create(site, f"sbx-{os.getpid():x}-9000010", ())
+    try:
+        assert "freezer" in cg.dirs and "pids" not in cg.dirs, cg.dirs
+        r, w = os.pipe()
+        leader = os.fork()
+        if leader == 0:  # joins, then forks as fast as it can
+            os.close(r)
+            for path in cg.dirs.values():
+                with open(os.path.join(path, "tasks"), "w") as f:
+                    f.write("0")
+            os.close(w)
+            os.execv(PY, [PY, "-c", textwrap.dedent(FORK_LOOP)])
+        os.close(w)
+        os.read(r, 1)  # EOF: it joined
+        os.close(r)
+        time.sleep(0.2)
+        left = cg.pids()
+        assert len(left) >= 1
+        cg.kill()
+        assert cg.pids() == []
+        assert os.waitpid(leader, 0)[1] == signal.SIGKILL
+        assert not wait_gone(left, 2)
+        assert cg.counters(("pids",))[1] == 0  # no pids directory: nothing counted
+    finally:
+        cg.kill()
+        cg.remove()
+
+
+@needs_v1_pids
+def test_forks_the_kill_refuses_are_not_the_program_s():
+    # The kill's pids.max = 0 refuses the loop's next fork, which pids.events
+    # counts as one past the sandbox's own limit would be: the verdict must
+    # not read it as the program's.
+    p = sbxlimit.Popen(
+        [PY, "-c", textwrap.dedent(FORK_LOOP)],
+        stdout=subprocess.PIPE,
+        text=True,
+        limits=Limits(pids=64, wall_time="10s"),
+    )
+    with p:
+        int(p.stdout.readline())
+        cg = p._sbx.cgroup
+        cg._block_forks()  # the kill's first step, alone
+        assert p.stdout.readline().strip() == "refused"
+        assert cg.counters(("pids",))[1] == 0
+        p.kill_tree(grace=0)
+    t = p.termination
+    assert t.reason == "signaled" and "pids" not in t.hits, t
+
+
+@needs_v1_pids
+def test_the_supervisor_reads_no_fork_the_kill_refused_as_a_hit():
+    # v1's pids.events is read in the supervisor's batch: a refusal of the
+    # kill's block must not end the sandbox as a pids hit (here the block
+    # alone, a refusal seen, then wall_time ends it).
+    p = sbxlimit.Popen(
+        [PY, "-c", textwrap.dedent(FORK_LOOP)],
+        stdout=subprocess.PIPE,
+        text=True,
+        limits=Limits(pids=64, wall_time="1s", kill_grace=0),
+    )
+    with p:
+        int(p.stdout.readline())
+        p._sbx.cgroup._block_forks()
+        assert p.stdout.readline().strip() == "refused"
+        p.wait(timeout=20)
+    t = p.termination
+    assert t.reason == "wall_time" and "pids" not in t.hits, t
 
 
 @pytest.mark.skipif(SITE.version != 1, reason="v1's task count (v2 writes cgroup.kill)")
