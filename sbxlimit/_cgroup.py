@@ -540,6 +540,9 @@ def _close_all(fds: list[int]) -> None:
                 log.warning("sbxlimit: closing fd %d: %s", fd, os.strerror(err))
 
 
+# Held while a kill records the count its fork block starts from.
+_blocking = threading.Lock()
+
 # Cgroups whose usage files are kept open (Cgroup._kept_readers): a forked
 # child closes what it inherited of them (_fork_child).
 _reading: set[Cgroup] = set()
@@ -1083,10 +1086,14 @@ class Cgroup:
         d = self.dirs.get("pids")
         if self.site.version != 1 or d is None or self.forks_blocked_at is not None:
             return
-        text = self._read(os.path.join(d, "pids.events"))
-        # Before the write: a reader that sees a refusal of the block's
-        # sees this too.
-        self.forks_blocked_at = _kv(text).get("max", 0)
+        count = _kv(self._read(os.path.join(d, "pids.events"))).get("max", 0)
+        with _blocking:
+            # The first kill's count (the caller's and the supervisor's may
+            # race): read before any block, as it is set before the write,
+            # and a reader that sees a refusal of the block's sees it too.
+            if self.forks_blocked_at is not None:
+                return
+            self.forks_blocked_at = count
         _write_quiet(os.path.join(d, "pids.max"), "0")
 
     def _only_the_leader(self) -> bool:
