@@ -14,7 +14,7 @@
  *
  * The ROW_* variants are the benchmark's cgroup and policy rows whole:
  * every system call sbxlimit's child makes for that row, and the objects a
- * sandbox has of its own (four v1 cgroups, an IPC and maybe a network
+ * sandbox has of its own (three v1 cgroups, an IPC and maybe a network
  * namespace, a workspace) made before the spawn and removed after it.  "serial": all in
  * the timed thread.  "pooled": a second thread makes them ahead and removes
  * them after, as sbxlimit's supervisor does, so that part runs on the
@@ -110,7 +110,9 @@ static const char *const names[NVARIANTS] = {
     [POOL_TYP] = "row-typical-pooled",
 };
 
-static const char *const hierarchies[] = {"memory", "pids", "cpuacct", "freezer"};
+/* A sandbox cgroup's v1 hierarchies where the pids controller exists (its
+ * kill stops forks with pids.max = 0: no freezer). */
+static const char *const hierarchies[] = {"memory", "pids", "cpuacct"};
 #define NH (sizeof hierarchies / sizeof hierarchies[0])
 
 static int procs_fd[NH];
@@ -379,7 +381,7 @@ static void remove_box(struct box *b)
         close(b->ipc);
 }
 
-/* The four cgroups (v1 joins through `tasks`, as sbxlimit's child does:
+/* The three cgroups (v1 joins through `tasks`, as sbxlimit's child does:
  * no thread-group lock), the workspace, the namespaces; what was made of
  * them is removed again if one fails. */
 static int make_box(struct box *b, unsigned what)

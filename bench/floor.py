@@ -11,7 +11,7 @@ dotfiles, the git repositories found).
 
 Then the benchmark's cgroup and policy rows whole (floor.c's ROW_*
 variants): every system call sbxlimit's child makes for the row, and what
-each sandbox has of its own (four v1 cgroups, an IPC and maybe a network
+each sandbox has of its own (three v1 cgroups, an IPC and maybe a network
 namespace, a workspace) made and removed per spawn, in the timed thread ("serial") or
 by a second thread ahead of need ("pooled", as sbxlimit's supervisor).
 Linux, root.
