@@ -540,9 +540,6 @@ def _close_all(fds: list[int]) -> None:
                 log.warning("sbxlimit: closing fd %d: %s", fd, os.strerror(err))
 
 
-# Held while a kill records the count its fork block starts from.
-_blocking = threading.Lock()
-
 # Cgroups whose usage files are kept open (Cgroup._kept_readers): a forked
 # child closes what it inherited of them (_fork_child).
 _reading: set[Cgroup] = set()
@@ -585,12 +582,14 @@ class Cgroup:
         "armed",
         "baselines",
         "batches",
+        "block_counts",
         "count_fd",
         "count_pid",
         "dirfd",
         "dirs",
         "events",
         "figures",
+        "forks_blocked",
         "forks_blocked_at",
         "name",
         "paths",
@@ -629,6 +628,8 @@ class Cgroup:
         # v1: pids.events' "max" when a kill stopped every fork (pids.max
         # = 0); what it refuses after is the kill's, not the program's.
         self.forks_blocked_at: int | None = None
+        self.block_counts: list[int] = []  # each kill's, the first one wins
+        self.forks_blocked = False  # pids.max = 0 was written
         self.paths: dict[tuple[str, str], str | None] = {}
         # stats()'s reads as one core call, per (final, evidence): memoized.
         self.batches: dict[
@@ -1084,17 +1085,18 @@ class Cgroup:
         sandbox's own limit would: the count it had before is kept first,
         and the evidence reads no further (counters())."""
         d = self.dirs.get("pids")
-        if self.site.version != 1 or d is None or self.forks_blocked_at is not None:
+        if self.site.version != 1 or d is None or self.forks_blocked:
             return
-        count = _kv(self._read(os.path.join(d, "pids.events"))).get("max", 0)
-        with _blocking:
-            # The first kill's count (the caller's and the supervisor's may
-            # race): read before any block, as it is set before the write,
-            # and a reader that sees a refusal of the block's sees it too.
-            if self.forks_blocked_at is not None:
-                return
-            self.forks_blocked_at = count
-        _write_quiet(os.path.join(d, "pids.max"), "0")
+        counts = _kv(self._read(os.path.join(d, "pids.events")))
+        if "max" not in counts:
+            return  # unread: no block, whose refusals would read as the program's
+        # The first count taken wins (the caller's and the supervisor's
+        # kills may race; an append is atomic): read before any block, and
+        # published before this write, so that a reader that sees a refusal
+        # of the block's sees it too.
+        self.block_counts.append(counts["max"])
+        self.forks_blocked_at = self.block_counts[0]
+        self.forks_blocked = _write_quiet(os.path.join(d, "pids.max"), "0")
 
     def _only_the_leader(self) -> bool:
         """(v1, the leader exited, not reaped.)  Nothing else is left: the
@@ -1408,12 +1410,13 @@ def _mkdir_sandbox(path: str, ctrl: str, site: Site) -> None:
     os.mkdir(path, 0o755)
 
 
-def _write_quiet(path: str, value: str) -> None:
+def _write_quiet(path: str, value: str) -> bool:
     try:
         with open(path, "w") as f:
             f.write(value)
     except OSError:
-        pass
+        return False
+    return True
 
 
 # -- planning: the limits a cgroup holds (_platform lists these) -------------

@@ -410,6 +410,35 @@ def test_forks_the_kill_refuses_are_not_the_program_s():
 
 
 @needs_v1_pids
+def test_a_kill_that_cannot_read_the_refusal_count_blocks_no_fork(monkeypatch):
+    # Without the count from before, a refusal of the block's would read as
+    # the program's (or, taken as 0, every later one would be hidden): the
+    # kill then goes without the block, as where no pids controller is.
+    p = sbxlimit.Popen(
+        [PY, "-c", textwrap.dedent(FORK_LOOP)],
+        stdout=subprocess.PIPE,
+        text=True,
+        limits=Limits(pids=64, wall_time="10s"),
+    )
+    with p:
+        int(p.stdout.readline())
+        cg = p._sbx.cgroup
+        real = Cgroup._read
+
+        def unreadable(self: Cgroup, path: str) -> str:
+            return "" if path.endswith("pids.events") else real(self, path)
+
+        monkeypatch.setattr(Cgroup, "_read", unreadable)
+        cg._block_forks()
+        monkeypatch.setattr(Cgroup, "_read", real)
+        assert cg.forks_blocked_at is None and not cg.forks_blocked
+        with open(os.path.join(cg.dirs["pids"], "pids.max")) as f:
+            assert f.read().strip() == "64"
+        p.kill_tree(grace=0)
+    assert p.termination.reason == "signaled", p.termination
+
+
+@needs_v1_pids
 def test_the_supervisor_reads_no_fork_the_kill_refused_as_a_hit():
     # v1's pids.events is read in the supervisor's batch: a refusal of the
     # kill's block must not end the sandbox as a pids hit (here the block
