@@ -324,18 +324,24 @@ needs_v1_pids = pytest.mark.skipif(
 )
 
 
-@needs_v1_pids
-def test_a_v1_kill_stops_a_fork_loop_without_the_freezer():
-    # The pids controller stops every fork for the kill (pids.max = 0), so
-    # a sandbox needs no freezer directory: one mkdir, join and rmdir less.
+def _fork_loop(**limits: Any) -> sbxlimit.Popen:
+    """FORK_LOOP in a sandbox of `limits`, once it runs."""
     p = sbxlimit.Popen(
         [PY, "-c", textwrap.dedent(FORK_LOOP)],
         stdout=subprocess.PIPE,
         text=True,
-        limits=Limits(wall_time="10s"),
+        limits=Limits(**limits),
     )
+    int(p.stdout.readline())
+    return p
+
+
+@needs_v1_pids
+def test_a_v1_kill_stops_a_fork_loop_without_the_freezer():
+    # The pids controller stops every fork for the kill (pids.max = 0), so
+    # a sandbox needs no freezer directory: one mkdir, join and rmdir less.
+    p = _fork_loop(wall_time="10s")
     with p:
-        int(p.stdout.readline())
         cg = p._sbx.cgroup
         assert "freezer" not in cg.dirs and "pids" in cg.dirs, cg.dirs
         time.sleep(0.2)  # forking at full speed
@@ -392,14 +398,8 @@ def test_forks_the_kill_refuses_are_not_the_program_s():
     # The kill's pids.max = 0 refuses the loop's next fork, which pids.events
     # counts as one past the sandbox's own limit would be: the verdict must
     # not read it as the program's.
-    p = sbxlimit.Popen(
-        [PY, "-c", textwrap.dedent(FORK_LOOP)],
-        stdout=subprocess.PIPE,
-        text=True,
-        limits=Limits(pids=64, wall_time="10s"),
-    )
+    p = _fork_loop(pids=64, wall_time="10s")
     with p:
-        int(p.stdout.readline())
         cg = p._sbx.cgroup
         cg._block_forks()  # the kill's first step, alone
         assert p.stdout.readline().strip() == "refused"
@@ -414,14 +414,8 @@ def test_a_kill_that_cannot_read_the_refusal_count_blocks_no_fork(monkeypatch):
     # Without the count from before, a refusal of the block's would read as
     # the program's (or, taken as 0, every later one would be hidden): the
     # kill then goes without the block, as where no pids controller is.
-    p = sbxlimit.Popen(
-        [PY, "-c", textwrap.dedent(FORK_LOOP)],
-        stdout=subprocess.PIPE,
-        text=True,
-        limits=Limits(pids=64, wall_time="10s"),
-    )
+    p = _fork_loop(pids=64, wall_time="10s")
     with p:
-        int(p.stdout.readline())
         cg = p._sbx.cgroup
         real = Cgroup._read
 
@@ -443,14 +437,8 @@ def test_the_supervisor_reads_no_fork_the_kill_refused_as_a_hit():
     # v1's pids.events is read in the supervisor's batch: a refusal of the
     # kill's block must not end the sandbox as a pids hit (here the block
     # alone, a refusal seen, then wall_time ends it).
-    p = sbxlimit.Popen(
-        [PY, "-c", textwrap.dedent(FORK_LOOP)],
-        stdout=subprocess.PIPE,
-        text=True,
-        limits=Limits(pids=64, wall_time="1s", kill_grace=0),
-    )
+    p = _fork_loop(pids=64, wall_time="1s", kill_grace=0)
     with p:
-        int(p.stdout.readline())
         p._sbx.cgroup._block_forks()
         assert p.stdout.readline().strip() == "refused"
         p.wait(timeout=20)
