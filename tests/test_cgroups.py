@@ -317,10 +317,11 @@ FORK_LOOP = """
         os.waitpid(pid, 0)
 """
 
+HERE = SITE.label if SITE.version else SITE.reason  # doctor's words for this site
 needs_v1_pids = pytest.mark.skipif(
     SITE.version != 1 or not SITE.has("pids"),
-    reason=f"cgroup v1 with the pids controller (here: {SITE.label or SITE.reason}; "
-    "see `sbxlimit doctor`); v2 kills through cgroup.kill",
+    reason=f"cgroup v1 with the pids controller (here: {HERE}; see `sbxlimit doctor`); "
+    "v2 kills through cgroup.kill",
 )
 
 
@@ -355,7 +356,7 @@ def test_a_v1_kill_stops_a_fork_loop_without_the_freezer():
 
 @pytest.mark.skipif(
     SITE.version != 1 or not any(c == "freezer" for c, _p in SITE.parents),
-    reason=f"cgroup v1 with the freezer (here: {SITE.label or SITE.reason}; see `sbxlimit doctor`)",
+    reason=f"cgroup v1 with the freezer (here: {HERE}; see `sbxlimit doctor`)",
 )
 def test_a_v1_site_without_pids_kills_a_fork_loop_through_the_freezer():
     # Where the pids controller is missing, the freezer holds the cgroup
