@@ -1037,8 +1037,8 @@ class Cgroup:
         kill what is listed until nothing is (up to some 5 s for processes
         that will not freeze: asleep in the kernel, uninterruptibly).
         Without `until_empty` (the supervisor, whose timers end every
-        other sandbox): SIGKILL what is listed, a few passes for what
-        forked meanwhile, no freezer, no wait.  `leader_gone`: the leader
+        other sandbox): the forks stopped as well, SIGKILL what is listed,
+        a few passes for what forked meanwhile, no freezer, no wait.  `leader_gone`: the leader
         has exited (its caller's common case, where nothing else is
         left)."""
         if self.removed:
