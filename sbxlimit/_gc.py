@@ -17,7 +17,11 @@ itself at its first sandbox (which runs wherever sbxlimit runs) then takes
 only entries older than ``AUTO_MIN_AGE``: a live process never leaves its
 own empty cgroups that long (those made ahead and those ending go within
 seconds).  ``python -m sbxlimit gc``, asked for by an operator, takes every
-leftover it sees.
+leftover it sees.  It also looks through every mounted hierarchy for the
+owner locks of processes that ran in other cgroups (v1: each process makes
+its sandbox cgroups under its own cgroup), and there takes only what a
+free lock says is a dead owner's: a tree it does not know may hold a live
+sbxlimit of another PID namespace that has no lock.
 """
 
 from __future__ import annotations
@@ -30,11 +34,19 @@ import time
 from collections.abc import Iterable
 
 from ._cgowner import OWNER_SUFFIX, claim, let_go, owner_path
-from ._cgroupfs import sandbox_parents
+from ._cgroupfs import mounts, sandbox_parents
 
-__all__ = ["AUTO_MIN_AGE", "collect", "collect_cgroups", "old_enough", "owner_alive"]
+__all__ = [
+    "AUTO_MIN_AGE",
+    "collect",
+    "collect_cgroups",
+    "old_enough",
+    "owner_alive",
+    "owner_lock_parents",
+]
 
 AUTO_MIN_AGE = 600.0  # seconds: see the module's docstring
+_WALK_MAX = 100_000  # directories looked at by owner_lock_parents: a bound for a huge tree
 
 _CGROUP = re.compile(r"^sbx-([0-9a-f]+)-[0-9]+$")
 _OWNER = re.compile(r"^sbx-([0-9a-f]+)" + re.escape(OWNER_SUFFIX) + "$")
@@ -71,12 +83,51 @@ def old_enough(path: str, min_age: float) -> bool:
         return False
 
 
+def owner_lock_parents(skip: Iterable[str]) -> list[str]:
+    """The directories of every mounted cgroup hierarchy, `skip` aside, that
+    hold an owner lock: where processes in other cgroups made theirs."""
+    skipped = {os.path.normpath(p) for p in skip}
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()  # a hierarchy mounted twice is walked once
+    todo: list[str] = []
+    for point, _kind, _opts in mounts():
+        try:
+            st = os.stat(point)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            todo.append(point)
+    walked = 0
+    while todo and walked < _WALK_MAX:
+        d = todo.pop()
+        walked += 1
+        locks = False
+        try:
+            with os.scandir(d) as entries:
+                for e in entries:
+                    if _OWNER.match(e.name):
+                        locks = True
+                    elif not _CGROUP.match(e.name) and e.is_dir(follow_symlinks=False):
+                        todo.append(e.path)  # (a sandbox's own cgroup holds no lock)
+        except OSError:
+            continue
+        if locks and os.path.normpath(d) not in skipped:
+            found.append(d)
+    return found
+
+
 def collect_cgroups(
-    parents: Iterable[str], *, dry_run: bool = False, min_age: float = 0.0
+    parents: Iterable[str],
+    *,
+    dry_run: bool = False,
+    min_age: float = 0.0,
+    locked_only: bool = False,
 ) -> list[str]:
     """Remove empty sbx-* cgroups of dead owners under `parents`: those
-    whose owner lock can be taken, and those without one whose pid is gone
-    here, made `min_age` seconds ago or more."""
+    whose owner lock can be taken, and (unless `locked_only`) those
+    without one whose pid is gone here, made `min_age` seconds ago or
+    more."""
     removed: list[str] = []
     for parent in parents:
         try:
@@ -119,6 +170,8 @@ def collect_cgroups(
                     removed.append(f"cgroup {path}")
             finally:
                 let_go(fd)
+        if locked_only:
+            continue
         unlocked = [(p, n) for p, n in by_owner.items() if p not in locked]
         for pid, owned in unlocked + list(probes.items()):
             if owner_alive(pid):
@@ -145,6 +198,10 @@ def collect(*, dry_run: bool = False) -> list[str]:
     """Remove leftovers of dead owners; return what was (or would be) removed."""
     parents = sandbox_parents()
     removed = collect_cgroups(parents, dry_run=dry_run)
+    # Where processes in other cgroups made theirs (v1: under each one's
+    # own cgroup): only what a free owner lock says is a dead owner's.
+    elsewhere = owner_lock_parents(skip=parents)
+    removed += collect_cgroups(elsewhere, dry_run=dry_run, locked_only=True)
     # Empty `sbxlimit` grouping cgroups (rmdir refuses one that is in use).
     for parent in parents:
         if os.path.basename(parent) == "sbxlimit" and os.path.isdir(parent):

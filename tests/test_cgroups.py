@@ -23,7 +23,7 @@ import pytest
 import sbxlimit
 from sbxlimit import Limits, Policy, _core
 from sbxlimit._cgowner import owner_path
-from sbxlimit._cgroup import _V1, Cgroup, Site, _ensure_group_dir, discover
+from sbxlimit._cgroup import _V1, SUPERVISOR_LEAF, Cgroup, Site, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
 
@@ -900,6 +900,67 @@ def test_crashed_supervisors_leftovers_are_collected(tmp_path):
     assert leftovers(recent) != []
     subprocess.run([PY, "-m", "sbxlimit", "gc"], capture_output=True, check=True)
     assert leftovers(recent) == []
+
+
+_IN_ANOTHER_CGROUP = """
+import os, sys, time, sbxlimit
+
+# Into the cgroup the test made (v1: the memory hierarchy's; v2: the
+# unified one's, whose controllers this process then delegates to itself).
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+p = sbxlimit.Popen(["sleep", "60"], limits=sbxlimit.Limits(memory="64Mi", pids=8))
+print(*p._sbx.cgroup.dirs.values(), flush=True)
+time.sleep(60)  # until the test kills it: a crash
+"""
+
+
+@needs_cgroup
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason=f"moving a process to another cgroup needs root ({privileges()})"
+)
+def test_gc_finds_a_dead_owner_s_cgroups_made_in_another_cgroup():
+    # A process makes its sandbox cgroups under its own cgroup (v1; v2 when
+    # delegated).  One that ran in another cgroup than gc's and crashed
+    # left them where gc's usual places (its own cgroup, each root) are not.
+    if SITE.version == 2:
+        root = next(p for p, k, _o in mounts() if k == "cgroup2")
+    else:
+        root = next(p for p, k, o in mounts() if k == "cgroup" and "memory" in o)
+    elsewhere = os.path.join(root, f"gc-elsewhere-{os.getpid()}")
+    os.mkdir(elsewhere)
+    env = {**os.environ, "SBXLIMIT_CGROUP_MOVE_SELF": "1"}
+    try:
+        with subprocess.Popen(
+            [PY, "-c", _IN_ANOTHER_CGROUP, elsewhere], stdout=subprocess.PIPE, text=True, env=env
+        ) as p:
+            assert p.stdout is not None
+            dirs = p.stdout.readline().split()
+            p.kill()  # its sandbox dies with it (the parent-death signal)
+        left = [d for d in dirs if d.startswith(elsewhere + "/")]
+        assert left, (dirs, elsewhere)
+        for d in dirs:
+            deadline = time.monotonic() + 5
+            while _procs_of(d) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        out = subprocess.run(
+            [PY, "-m", "sbxlimit", "gc"], capture_output=True, text=True, check=True
+        ).stdout
+        assert not [d for d in dirs if os.path.exists(d)], out
+        # Its owner lock and the cgroups it made ahead went too (v2: not
+        # its own leaf, which is no sandbox's).
+        ours = [n for n in os.listdir(elsewhere) if n.startswith("sbx-")]
+        assert set(ours) <= {SUPERVISOR_LEAF}, (ours, out)
+    finally:
+        for d, _dirs, _files in os.walk(elsewhere, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+    assert not os.path.exists(elsewhere)
+
+
+def _procs_of(d: str) -> str:
+    with open(os.path.join(d, "cgroup.procs")) as f:
+        return f.read()
 
 
 @needs_cgroup
