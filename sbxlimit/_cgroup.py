@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from . import _cgowner, _core
+from . import _core, _owner
 from ._cgroupfs import mounts, own_cgroups
 from ._exit import CGROUPS, at_exit
 from ._once import Once
@@ -389,10 +389,10 @@ def _v2_mount_of(path: str) -> str:
 
 @at_exit(CGROUPS)
 def _remove_group_dirs() -> None:
-    """At exit, our owner cgroups go (_cgowner), then the ``sbxlimit``
+    """At exit, our owner cgroups go (_owner), then the ``sbxlimit``
     grouping cgroups if they are empty (rmdir refuses otherwise); a process
     that needs one makes it again."""
-    _cgowner.release_all()
+    _owner.release_all()
     for site in list(_cache.values()):
         for _c, parent in site.parents:
             if os.path.basename(parent) == GROUP_DIR:
@@ -610,7 +610,7 @@ class Cgroup:
         # parent, "../<name>") for the directories made from one (create()),
         # whose files are then reached from it (_anchors).
         self.anchors: tuple[tuple[str, int, str], ...] = ()
-        # (_cgowner.generation, pid) when they were checked: a fork's child,
+        # (_owner.generation, pid) when they were checked: a fork's child,
         # or another process (a copy), checks them again.
         self.anchored_at = (0, 0)
         # (fd, field) the supervisor watches instead of sampling (open_events).
@@ -651,7 +651,7 @@ class Cgroup:
         cg = cls(site, name)
         settings = tuple(settings)
         skip = _v1_unneeded(site, settings)
-        cg._hold_owner_locks(skip)  # before the name is ours: see _cgowner
+        cg._hold_owner_locks(skip)  # before the name is ours: see _owner
         if cg._create_in_one_call(skip, settings):
             return cg
         try:
@@ -689,7 +689,7 @@ class Cgroup:
         if not self.site.explicit:
             for ctrl, parent in self.site.parents:
                 if ctrl not in skip:
-                    _cgowner.hold(parent)
+                    _owner.hold(parent)
 
     def _create_in_one_call(
         self, skip: Iterable[str], settings: tuple[tuple[str, str, str], ...]
@@ -704,11 +704,11 @@ class Cgroup:
             if ctrl not in skip
         }
         if not self.site.explicit:
-            self.anchored_at = (_cgowner.generation, os.getpid())
+            self.anchored_at = (_owner.generation, os.getpid())
             self.anchors = tuple(
                 (dirs[ctrl], fd, "../" + self.name)
                 for ctrl, parent in self.site.parents
-                if ctrl in dirs and (fd := _cgowner.anchor(parent)) >= 0
+                if ctrl in dirs and (fd := _owner.anchor(parent)) >= 0
             )
         steps: list[_Step] = [(_core.FS_MKDIR, path, None) for path in dirs.values()]
         for ctrl, fname, value in settings:
@@ -726,7 +726,7 @@ class Cgroup:
                 if d in gone:
                     # No parent there: our owner cgroup was removed from
                     # outside, and the parent with it.  Take a lock anew.
-                    _cgowner.forget(os.path.dirname(d), owner)
+                    _owner.forget(os.path.dirname(d), owner)
             # create()'s step by step way makes them from "/" (a parent
             # made again is not the one an anchor is in).
             self.anchors = ()
@@ -958,9 +958,9 @@ class Cgroup:
         from "/" has seven or eight, each a slow lookup on kernfs (some 40
         us of the machine's CPU a sandbox).  One let go since (a fork's
         child, the exit) is dropped: its paths are walked whole again."""
-        anchors, now = self.anchors, (_cgowner.generation, os.getpid())
+        anchors, now = self.anchors, (_owner.generation, os.getpid())
         if anchors and self.anchored_at != now:
-            anchors = tuple(a for a in anchors if _cgowner.anchor(os.path.dirname(a[0])) == a[1])
+            anchors = tuple(a for a in anchors if _owner.anchor(os.path.dirname(a[0])) == a[1])
             # The anchors first: a thread that sees the new check sees them.
             self.anchors = anchors
             self.anchored_at = now

@@ -7,7 +7,7 @@ no longer running is a leftover; an entry of a live process is never
 touched, and neither is anything with another name.
 
 For a cgroup, "no longer running" is first asked of its owner's lock
-(_cgowner), which every PID namespace sees alike: when it can be taken, the
+(_owner), which every PID namespace sees alike: when it can be taken, the
 owner is gone and its cgroups go, however recent.  Without an owner lock
 (one that could not be made; a doctor's probe) it is asked by pid, in the
 asker's PID namespace, where a live process of another one (a container
@@ -33,8 +33,8 @@ import tempfile
 import time
 from collections.abc import Iterable
 
-from ._cgowner import OWNER_SUFFIX, claim, let_go, owner_path
 from ._cgroupfs import mounts, sandbox_parents
+from ._owner import OWNER_SUFFIX, claim, let_go, owner_path
 
 __all__ = [
     "AUTO_MIN_AGE",
@@ -64,7 +64,7 @@ def owner_alive(pid: int) -> bool:
     return True
 
 
-def _owner(name: str, *patterns: tuple[re.Pattern[str], int]) -> int | None:
+def _owner_pid(name: str, *patterns: tuple[re.Pattern[str], int]) -> int | None:
     for pattern, base in patterns:
         m = pattern.match(name)
         if m:
@@ -138,13 +138,13 @@ def collect_cgroups(
         probes: dict[int, list[str]] = {}  # the doctor's, never locked
         locked: set[int] = set()  # owners with a lock here
         for name in names:
-            pid = _owner(name, (_OWNER, 16))
+            pid = _owner_pid(name, (_OWNER, 16))
             if pid is not None:
                 locked.add(pid)
-            pid = _owner(name, (_CGROUP, 16))
+            pid = _owner_pid(name, (_CGROUP, 16))
             if pid is not None:
                 by_owner.setdefault(pid, []).append(name)
-            pid = _owner(name, (_PROBE, 10))
+            pid = _owner_pid(name, (_PROBE, 10))
             if pid is not None:
                 probes.setdefault(pid, []).append(name)
         for pid in locked:
@@ -219,7 +219,7 @@ def collect(*, dry_run: bool = False) -> list[str]:
     except OSError:
         names = []
     for name in names:
-        pid = _owner(name, (_WORKSPACE, 16))
+        pid = _owner_pid(name, (_WORKSPACE, 16))
         path = os.path.join(tmp, name)
         if pid is None or owner_alive(pid) or not os.path.isdir(path) or os.path.islink(path):
             continue

@@ -311,11 +311,11 @@ def _fds() -> dict[int, str]:
 
 def _new_fds(before: dict[int, str]) -> dict[int, str]:
     """Fds opened since `before`, but for the owner locks this process
-    holds for its life (_cgowner: one per cgroup parent it has used, and
+    holds for its life (_owner: one per cgroup parent it has used, and
     those let go, kept open until exit)."""
-    from sbxlimit import _cgowner
+    from sbxlimit import _owner
 
-    held = {*_cgowner._held.values(), *_cgowner._let_go}
+    held = {*_owner._held.values(), *_owner._let_go}
     return {fd: t for fd, t in _fds().items() if before.get(fd) != t and fd not in held}
 
 

@@ -22,10 +22,10 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits, Policy, _core
-from sbxlimit._cgowner import owner_path
 from sbxlimit._cgroup import _V1, SUPERVISOR_LEAF, Cgroup, Site, _ensure_group_dir, discover
 from sbxlimit._cgroupfs import mounts
 from sbxlimit._monitor import get_monitor
+from sbxlimit._owner import owner_path
 
 from .conftest import (
     _fds,
@@ -702,7 +702,7 @@ def test_a_removed_owner_cgroup_costs_one_step_by_step_create():
     # Our owner cgroup removed from outside (rmdir ignores flock) and its
     # parent made again: the fd held names a removed parent.  The create
     # that finds no parent there lets it go; the next takes a lock anew.
-    from sbxlimit import _cgowner
+    from sbxlimit import _owner
 
     ctrl, hierarchy = SITE.parents[0]
     parent = os.path.join(hierarchy, f"sbxlimit-test-{os.getpid()}")
@@ -733,9 +733,9 @@ def test_a_removed_owner_cgroup_costs_one_step_by_step_create():
         assert made == [(True, 0), (True, 1), (True, 1)], made
         assert os.path.isdir(owner_path(parent, os.getpid()))
     finally:
-        fd = _cgowner.anchor(parent)
+        fd = _owner.anchor(parent)
         if fd >= 0:
-            _cgowner.forget(parent, fd)
+            _owner.forget(parent, fd)
         for d in [owner_path(parent, os.getpid()), parent]:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
@@ -743,7 +743,7 @@ def test_a_removed_owner_cgroup_costs_one_step_by_step_create():
 
 _OUTLIVES_THE_EXIT = """
 import os, subprocess, threading, tempfile
-from sbxlimit import _cgowner, _core
+from sbxlimit import _owner, _core
 from sbxlimit._cgroup import Cgroup, discover
 
 cg = Cgroup.create(discover(), f"sbx-{os.getpid():x}-9000007", [])
@@ -767,7 +767,7 @@ _core.fs_batch = fs_batch
 t = threading.Thread(target=lambda: out.update(r=cg.remove(), pids=cg.pids()), name="supervisor")
 t.start()
 paused.wait()
-_cgowner.release_all()  # the exit's CGROUPS phase, the supervisor still at work
+_owner.release_all()  # the exit's CGROUPS phase, the supervisor still at work
 taken = []  # the numbers given again (the WORKSPACES phase opens directories)
 while not numbers <= set(taken) and len(taken) < 512:
     taken.append(os.open(decoy, os.O_RDONLY | os.O_DIRECTORY))
@@ -861,7 +861,7 @@ def test_crashed_supervisors_leftovers_are_collected(tmp_path):
     assert leftovers(name) == [] and f"{name}" in out
 
     # ... and by the next process that starts a sandbox, however recent:
-    # its owner's lock (_cgowner) says it is gone, in every PID namespace.
+    # its owner's lock (_owner) says it is gone, in every PID namespace.
     def owner_locks(name: str) -> list[str]:
         pid = int(name.split("-")[1], 16)
         paths = [owner_path(parent, pid) for _c, parent in SITE.parents]
@@ -999,9 +999,9 @@ def test_another_pid_namespace_s_sbxlimit_leaves_our_cgroups_alone():
     out = subprocess.run(
         ["unshare", "--pid", "--fork", PY, "-c", other], check=True, timeout=60, capture_output=True
     )
-    from sbxlimit import _cgowner
+    from sbxlimit import _owner
 
-    assert set(ready) <= set(mine()), (ready, mine(), _cgowner._held, out)
+    assert set(ready) <= set(mine()), (ready, mine(), _owner._held, out)
     r = sbxlimit.run(["true"], limits=lim)
     assert r.returncode == 0 and r.enforced["memory"].startswith("cgroup")
 
@@ -1065,7 +1065,7 @@ def test_gc_leaves_a_live_sbxlimit_of_another_pid_namespace_alone():
 _OWNER_LOCK_HELD_AGAINST_US = """
 import fcntl, os, subprocess, sys, time, sbxlimit
 from sbxlimit._cgroup import discover
-from sbxlimit._cgowner import owner_path
+from sbxlimit._owner import owner_path
 from sbxlimit._monitor import get_monitor
 
 # Another process of ours holds our owner cgroups' lock as we start: we go
@@ -1250,9 +1250,9 @@ def test_grouping_cgroups_go_at_exit_and_come_back():
     if not groups:
         pytest.skip(f"this site has no sbxlimit grouping cgroup: {SITE.parents}")
     assert get_monitor().drain(5)
-    from sbxlimit import _cgowner
+    from sbxlimit import _owner
 
-    _cgowner.release_all()  # as at our own exit: we hold nothing there now
+    _owner.release_all()  # as at our own exit: we hold nothing there now
     # The other process removes them at its exit if they are empty; another
     # test worker's sandbox (or the cgroups its supervisor keeps ready, for
     # up to _cgpool.IDLE) may hold them at that moment: try again.
