@@ -6,40 +6,47 @@ temporary workspaces ``sbxlimit-<pid hex>-<n>-*``.  An entry whose owner is
 no longer running is a leftover; an entry of a live process is never
 touched, and neither is anything with another name.
 
-For a cgroup, "no longer running" is first asked of its owner's lock
-(_owner), which every PID namespace sees alike: when it can be taken, the
-owner is gone and its cgroups go, however recent.  Without an owner lock
-(one that could not be made; a doctor's probe) it is asked by pid, in the
+"No longer running" is first asked of the owner's lock (_owner), which
+every PID namespace sees alike: a cgroup parent's, or the temp
+directory's for a workspace.  When it can be taken, the owner is gone and
+its entries go, however recent.  Without an owner lock (one that could not
+be made; a doctor's probe; an older sbxlimit's) it is asked by pid, in the
 asker's PID namespace, where a live process of another one (a container
-sharing the cgroup tree, an sbxlimit running inside a sandbox with a PID
-namespace of its own) looks dead.  The collection each process makes by
-itself at its first sandbox (which runs wherever sbxlimit runs) then takes
-only entries older than ``AUTO_MIN_AGE``: a live process never leaves its
-own empty cgroups that long (those made ahead and those ending go within
-seconds).  ``python -m sbxlimit gc``, asked for by an operator, takes every
-leftover it sees.  It also looks through every mounted hierarchy for the
-owner locks of processes that ran in other cgroups (v1: each process makes
-its sandbox cgroups under its own cgroup), and there takes only what a
-free lock says is a dead owner's: a tree it does not know may hold a live
-sbxlimit of another PID namespace that has no lock.
+sharing the cgroup tree or the temp directory, an sbxlimit running inside
+a sandbox with a PID namespace of its own) looks dead.
+
+Each process collects by itself: at its first sandbox the cgroups (those
+without a lock only once older than ``AUTO_MIN_AGE``: a live process
+never leaves its own empty cgroups that long, those made ahead and those
+ending go within seconds), and at its first workspace, on the janitor
+thread, the workspaces whose lock says their owner is gone (never by pid:
+a workspace is a live program's files).  ``python -m sbxlimit gc``, asked
+for by an operator, takes every leftover it sees.  It also looks through
+every mounted hierarchy for the owner locks of processes that ran in other
+cgroups (v1: each process makes its sandbox cgroups under its own cgroup),
+and there takes only what a free lock says is a dead owner's: a tree it
+does not know may hold a live sbxlimit of another PID namespace that has
+no lock.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterable
 
+from . import _workspace
 from ._cgroupfs import mounts, sandbox_parents
-from ._owner import OWNER_SUFFIX, claim, let_go, owner_path
+from ._owner import OWNER_SUFFIX, WORKSPACE_PREFIX, claim, let_go, owner_path
 
 __all__ = [
     "AUTO_MIN_AGE",
     "collect",
     "collect_cgroups",
+    "collect_workspaces",
     "old_enough",
     "owner_alive",
     "owner_lock_parents",
@@ -52,6 +59,7 @@ _CGROUP = re.compile(r"^sbx-([0-9a-f]+)-[0-9]+$")
 _OWNER = re.compile(r"^sbx-([0-9a-f]+)" + re.escape(OWNER_SUFFIX) + "$")
 _PROBE = re.compile(r"^sbxlimit-probe-([0-9]+)$")
 _WORKSPACE = re.compile(r"^sbxlimit-([0-9a-f]+)-[0-9]+-")
+_WS_OWNER = re.compile(r"^sbxlimit-([0-9a-f]+)" + re.escape(OWNER_SUFFIX) + "$")
 
 
 def owner_alive(pid: int) -> bool:
@@ -213,22 +221,80 @@ def collect(*, dry_run: bool = False) -> list[str]:
                 removed.append(f"cgroup {parent}")
             except OSError:
                 pass
-    tmp = tempfile.gettempdir()
+    removed += collect_workspaces(tempfile.gettempdir(), dry_run=dry_run)
+    return removed
+
+
+def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = False) -> list[str]:
+    """Remove the workspaces of our user's that dead owners left in `tmp`:
+    those whose owner lock can be taken (and is our user's: another user
+    could plant one), and (unless `locked_only`) those without one whose
+    pid is gone here."""
     try:
         names = os.listdir(tmp)
     except OSError:
-        names = []
+        return []
+    by_owner: dict[int, list[str]] = {}
+    locked: set[int] = set()
     for name in names:
+        pid = _owner_pid(name, (_WS_OWNER, 16))
+        if pid is not None:
+            locked.add(pid)
         pid = _owner_pid(name, (_WORKSPACE, 16))
-        path = os.path.join(tmp, name)
-        if pid is None or owner_alive(pid) or not os.path.isdir(path) or os.path.islink(path):
+        if pid is not None:
+            by_owner.setdefault(pid, []).append(name)
+    removed: list[str] = []
+    taken: list[str] = []  # renamed as ours, removed once the locks are let go
+    judged: set[int] = set()  # by their lock
+    for pid in locked:
+        fd = claim(tmp, pid, WORKSPACE_PREFIX)
+        if fd is None:
+            judged.add(pid)  # its owner runs, in whatever namespace
             continue
         try:
-            if os.stat(path).st_uid != os.geteuid():
-                continue  # not ours
-            if not dry_run:
-                shutil.rmtree(path)
-            removed.append(f"workspace {path}")
-        except OSError:
-            pass
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue  # not a lock of ours: judged by pid, if at all
+            judged.add(pid)
+            # Its pid alive here: a process with its pid, or the owner
+            # itself had it failed to keep the lock: only what is old goes.
+            age = AUTO_MIN_AGE if owner_alive(pid) else 0.0
+            left = False
+            for name in by_owner.get(pid, []):
+                path = os.path.join(tmp, name)
+                if old_enough(path, age) and _ours(path):
+                    # A rename while the lock is held (a new process with
+                    # this pid waits for it), the removal after.
+                    trash = None if dry_run else _workspace.adopt(path)
+                    if dry_run or trash is not None:
+                        removed.append(f"workspace {path}")
+                        taken += [trash] if trash is not None else []
+                        continue
+                left = left or os.path.lexists(path)
+            path = owner_path(tmp, pid, WORKSPACE_PREFIX)
+            if not left and _rmdir(path, dry_run):
+                removed.append(f"workspace lock {path}")
+        finally:
+            let_go(fd)
+    for trash in taken:
+        _workspace.remove(trash)
+    if locked_only:
+        return removed
+    for pid, owned in by_owner.items():
+        if pid in judged or owner_alive(pid):
+            continue
+        for name in owned:
+            path = os.path.join(tmp, name)
+            if _ours(path):
+                if not dry_run:
+                    _workspace.remove(path)
+                removed.append(f"workspace {path}")
     return removed
+
+
+def _ours(path: str) -> bool:
+    """A directory of our user's (never a link)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()

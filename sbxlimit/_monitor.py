@@ -35,6 +35,7 @@ import os
 import select
 import selectors
 import signal
+import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,7 @@ from ._cgpool import Pool
 from ._cgroup import read_quiet
 from ._evidence import KillRecord, Samples
 from ._exit import DRAIN, at_exit, watch_multiprocessing
+from ._gc import collect_workspaces
 from ._nspool import NsPool
 from ._platform import CLONE_NEWIPC, CLONE_NEWNET
 from ._pump import Pump, fd_ident
@@ -457,7 +459,11 @@ class Monitor:
         # What a program left in its workspace, removed by the janitor
         # thread (started at the first), not by the supervisor.
         self._trees: list[tuple[str, int, _workspace.FinalSize | None]] = []
-        self._janitor = _Worker("sbxlimit-janitor", lambda: self._empty_trash(self._trees))
+        # Temp directories where this process made workspaces, looked
+        # through once by the janitor for what dead owners left there.
+        self._temp_dirs: set[str] = set()
+        self._to_collect: list[str] = []
+        self._janitor = _Worker("sbxlimit-janitor", self._janitor_work)
         self._pool = Pool()
         self._netpool = NsPool(CLONE_NEWNET)
         self._ipcpool = NsPool(CLONE_NEWIPC)
@@ -996,6 +1002,24 @@ class Monitor:
             self._wake()
         return True
 
+    def _collect_leftover_workspaces(self) -> None:
+        """(This thread, where workspaces are made.)  Once per temp
+        directory: the janitor takes what dead owners left there."""
+        tmp = tempfile.gettempdir()
+        if tmp in self._temp_dirs:
+            return
+        self._temp_dirs.add(tmp)
+        with self._lock:
+            self._to_collect.append(tmp)
+        self._janitor.wake()
+
+    def _janitor_work(self) -> None:
+        with self._lock:
+            dirs, self._to_collect = self._to_collect, []
+        for tmp in dirs:
+            collect_workspaces(tmp, locked_only=True)
+        self._empty_trash(self._trees)
+
     def _empty_trash(self, which: list[tuple[str, int, _workspace.FinalSize | None]]) -> None:
         """Remove what `which` (_trash or _trees) holds now."""
         with self._lock:
@@ -1306,6 +1330,7 @@ class Monitor:
                 ns.work(now)
         if ws_due is not None and ws_due <= now:
             self._wspool.work(now)
+            self._collect_leftover_workspaces()
         if views_due is not None and views_due <= now:
             _viewns.expire(now)
 

@@ -1,28 +1,33 @@
-"""Whether the process that named a sandbox cgroup still runs, in a way
-every PID namespace can ask.
+"""Whether the process that named a sandbox cgroup or a private workspace
+still runs, in a way every PID namespace can ask.
 
 A sandbox cgroup is named after its creator's pid (``sbx-<pid hex>-<n>``),
-but a pid means nothing in another PID namespace: a container sharing the
-cgroup tree, or an sbxlimit running inside a sandbox with a PID namespace
-of its own, sees a live owner as gone (or another process as the owner).
-So a process that makes sandbox cgroups under a parent first takes a
-shared ``flock`` on ``<parent>/sbx-<pid hex>.owner``, an empty cgroup, and
-holds it for its life: the cgroup tree is what everyone who shares the
-cgroups sees, and the kernel drops the lock when the process is gone,
-whatever its namespace.
+and so is a workspace (``sbxlimit-<pid hex>-<n>-*``), but a pid means
+nothing in another PID namespace: a container sharing the cgroup tree or
+the temp directory, or an sbxlimit running inside a sandbox with a PID
+namespace of its own, sees a live owner as gone (or another process as the
+owner).  So a process that makes sandbox cgroups under a parent, or
+workspaces in a temp directory, first takes a shared ``flock`` on
+``<parent>/sbx-<pid hex>.owner`` (an empty cgroup), or
+``<temp dir>/sbxlimit-<pid hex>.owner`` (an empty directory of mode 0700),
+and holds it for its life: the kernel drops the lock when the process is
+gone, whatever its namespace.  One that is not the process's own user's
+(planted in a shared temp directory by another user) is never trusted.
 
 A collector that takes the lock exclusively (`claim`) knows that every
-process that named cgroups ``sbx-<pid hex>-*`` there is gone: two live
-processes with the same pid in two namespaces both hold it (shared), and
-the collector takes neither's.  It holds the lock while it removes them; a
-new process with that pid waits for it (briefly) and then makes the owner
-cgroup again.  Where no owner cgroup can be made, leftovers are judged by
-the pid and their age (_gc).
+process that named cgroups ``sbx-<pid hex>-*`` (workspaces
+``sbxlimit-<pid hex>-*``) there is gone: two live processes with the same
+pid in two namespaces both hold it (shared), and the collector takes
+neither's.  It holds the lock while it removes them; a new process with
+that pid waits for it (briefly) and then makes the owner directory again.
+Where none can be made, leftovers are judged by the pid and their age
+(_gc).
 
-The lock is taken once, before the first cgroup under the parent, and kept
-until exit: every cgroup its holder makes there is made under it.  Only the
-default site's parents get one: a `cgroup_parent` the caller names is the
-caller's to remove, and must not be left holding our directories.
+The lock is taken once, before the first cgroup under the parent (the
+first workspace in the temp directory), and kept until exit: everything
+its holder makes there is made under it.  Only the default site's parents
+get one: a `cgroup_parent` the caller names is the caller's to remove, and
+must not be left holding our directories.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ import threading
 import time
 
 __all__ = [
+    "CGROUP_PREFIX",
     "OWNER_SUFFIX",
+    "WORKSPACE_PREFIX",
     "anchor",
     "claim",
     "forget",
@@ -45,10 +52,13 @@ __all__ = [
 ]
 
 OWNER_SUFFIX = ".owner"
+CGROUP_PREFIX = "sbx-"  # what the names of a sandbox's cgroups start with
+WORKSPACE_PREFIX = "sbxlimit-"  # and those of its workspace
 
 # parent -> the fd holding our shared lock there, or -1: could not be
 # taken (asked again after RETRY seconds: a collector may have held it).
 _held: dict[str, int] = {}
+_prefix: dict[str, str] = {}  # parent -> the prefix of the names made there
 _retry_at: dict[str, float] = {}
 RETRY = 1.0
 _claimed: set[int] = set()  # fds a collector holds exclusively (a fork's child closes them)
@@ -63,14 +73,15 @@ _lock = threading.Lock()
 generation = 0
 
 
-def owner_path(parent: str, pid: int) -> str:
-    return os.path.join(parent, f"sbx-{pid:x}{OWNER_SUFFIX}")
+def owner_path(parent: str, pid: int, prefix: str = CGROUP_PREFIX) -> str:
+    return os.path.join(parent, f"{prefix}{pid:x}{OWNER_SUFFIX}")
 
 
-def hold(parent: str) -> None:
+def hold(parent: str, prefix: str = CGROUP_PREFIX) -> None:
     """This process's shared lock in `parent`, taken before its first
-    cgroup there (cheap once taken).  Best effort: without it, our
-    leftovers are judged by pid and age."""
+    cgroup (or workspace, `prefix` WORKSPACE_PREFIX) there; cheap once
+    taken.  Best effort: without it, our leftovers are judged by pid and
+    age."""
     fd = _held.get(parent)
     if fd is not None and (fd >= 0 or time.monotonic() < _retry_at.get(parent, 0.0)):
         return
@@ -78,9 +89,10 @@ def hold(parent: str) -> None:
         fd = _held.get(parent)
         if fd is not None and (fd >= 0 or time.monotonic() < _retry_at.get(parent, 0.0)):
             return
-        fd = _take(owner_path(parent, os.getpid()))
+        fd = _take(owner_path(parent, os.getpid(), prefix))
         if fd is not None:
             _held[parent] = fd
+            _prefix[parent] = prefix
             _changed()
             _retry_at[parent] = time.monotonic() + RETRY
 
@@ -97,6 +109,7 @@ def forget(parent: str, fd: int) -> None:
     with _lock:
         if _held.get(parent) == fd >= 0:
             del _held[parent]
+            _prefix.pop(parent, None)
             _retry_at.pop(parent, None)
             _let_go.append(fd)
             _changed()
@@ -140,8 +153,12 @@ def _take(path: str) -> int | None:
             # process that holds it exclusively for longer (one that can
             # open the directory can) must not stop our spawns.
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                return fd
+            st = os.fstat(fd)
+            if st.st_ino == os.stat(path).st_ino:
+                if st.st_uid == os.geteuid():
+                    return fd
+                os.close(fd)  # another user's (planted): it could remove it under us
+                return -1
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
                 os.close(fd)
@@ -160,11 +177,11 @@ def _unmake(path: str, made: bool) -> None:
             pass
 
 
-def claim(parent: str, pid: int) -> int | None:
-    """The owner cgroup of `pid` in `parent` locked exclusively (its fd:
-    every process that held it is gone; close it when done), or None: one
-    still runs, or there is no owner cgroup."""
-    path = owner_path(parent, pid)
+def claim(parent: str, pid: int, prefix: str = CGROUP_PREFIX) -> int | None:
+    """The owner directory of `pid` in `parent` locked exclusively (its
+    fd: every process that held it is gone; close it when done), or None:
+    one still runs, or there is none."""
+    path = owner_path(parent, pid, prefix)
     with _lock:  # a fork meanwhile: its child closes the fd (_claimed)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -188,25 +205,27 @@ def let_go(fd: int) -> None:
         os.close(fd)
 
 
-def release_all() -> None:
-    """At exit: let go, and remove our owner cgroups where no one else
-    holds them (a process with our pid in another namespace, a fork's body
-    that still runs) and no cgroup of ours is left.  One that outlives us
-    (die_with_parent=False, a drain that timed out) keeps it: the lock,
-    free once we are gone, says so to the next collector."""
+def release_all(prefix: str = CGROUP_PREFIX) -> None:
+    """At exit: let go of the locks taken with `prefix`, and remove our
+    owner directories where no one else holds them (a process with our pid
+    in another namespace, a fork's body that still runs) and nothing of
+    ours is left.  One that outlives us (die_with_parent=False, a drain
+    that timed out) keeps it: the lock, free once we are gone, says so to
+    the next collector."""
     with _lock:
-        held = list(_held.items())
-        _held.clear()
+        held = [(p, fd) for p, fd in _held.items() if _prefix.get(p, CGROUP_PREFIX) == prefix]
+        for p, _fd in held:
+            del _held[p]
         _let_go.extend(fd for _p, fd in held if fd >= 0)
         _changed()
-    prefix = f"sbx-{os.getpid():x}-"
+    ours = f"{prefix}{os.getpid():x}-"
     for parent, fd in held:
         if fd < 0:
             continue
         try:
-            if not any(n.startswith(prefix) for n in os.listdir(parent)):
+            if not any(n.startswith(ours) for n in os.listdir(parent)):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                os.rmdir(owner_path(parent, os.getpid()))
+                os.rmdir(owner_path(parent, os.getpid(), prefix))
         except OSError:
             pass
         # Not closed (_let_go): a supervisor that outlived the drain may
@@ -234,6 +253,7 @@ def _after_fork_in_child() -> None:
             except OSError:
                 pass
     _held.clear()
+    _prefix.clear()
     _retry_at.clear()
     _claimed.clear()
     _let_go.clear()

@@ -1,8 +1,11 @@
 """Private workspaces: a 0700 directory per sandbox, its cwd and TMPDIR,
 and the planners of ``workspace``.
 
-Named ``sbxlimit-<sandbox id>-*`` in the temp directory, so that ``sbxlimit
-gc`` finds what a crashed supervisor left.  What the program writes there
+Named ``sbxlimit-<sandbox id>-*`` in the temp directory, and made under
+the owner lock this process holds there (``_owner``), so that the next
+process's supervisor (and ``sbxlimit gc``) finds and removes what a
+crashed or killed one left, whatever PID namespace it ran in.  What the
+program writes there
 stays readable by the caller until the sandbox is closed (the end of its
 ``with`` block, or ``Popen.close()``); then it is removed, unless
 ``Policy(keep_workdir=True)``.  ``disk`` is held by a size-capped tmpfs
@@ -20,6 +23,7 @@ import tempfile
 import threading
 import time
 
+from . import _owner
 from ._exit import WORKSPACES, at_exit
 from ._once import Once
 from ._place import Place, here
@@ -29,6 +33,7 @@ from ._protected import TTL
 __all__ = [
     "FinalSize",
     "Pool",
+    "adopt",
     "bare",
     "create",
     "discard",
@@ -92,6 +97,10 @@ def create(sandbox_id: str, *, keep: bool = False, dir: str | None = None) -> st
     not removed at interpreter exit, closed or not, and its name is not one
     ``sbxlimit gc`` takes for a crashed supervisor's leftover."""
     kind = "kept-" if keep else ""
+    if dir is None:
+        dir = tempfile.gettempdir()
+    if not keep:
+        _owner.hold(dir, _owner.WORKSPACE_PREFIX)  # before its name is ours (once)
     path = tempfile.mkdtemp(prefix=f"sbxlimit-{kind}{sandbox_id}-", dir=dir)  # mode 0700
     os.mkdir(os.path.join(path, "tmp"), 0o700)
     if not keep:
@@ -223,6 +232,27 @@ class Pool:
                 remove(path)
 
 
+def adopt(path: str) -> str | None:
+    """A dead owner's workspace renamed as this process's trash: ours to
+    remove, now or at our exit, and ours to leave to the next collector if
+    we crash too.  None if it could not be renamed."""
+    tmp, name = os.path.split(path)
+    parts = name.split("-", 3)  # sbxlimit, owner pid, id, mkdtemp's suffix
+    if len(parts) < 4:
+        return None
+    _owner.hold(tmp, _owner.WORKSPACE_PREFIX)
+    suffix = parts[3].removesuffix(TRASH_SUFFIX)
+    # Id 0 with the trash suffix: never a live workspace's name.
+    trash = os.path.join(tmp, f"sbxlimit-{os.getpid():x}-{_READY_ID}-{suffix}{TRASH_SUFFIX}")
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return None
+    with _lock:
+        _live.add(trash)
+    return trash
+
+
 def forget(path: str) -> None:
     """Kept on purpose (keep_workdir): not removed at exit either."""
     with _lock:
@@ -350,6 +380,8 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 @at_exit(WORKSPACES)
 def _remove_left() -> None:
-    # Sandboxes never closed: their workspaces go with the interpreter.
+    # Sandboxes never closed: their workspaces go with the interpreter;
+    # then our owner locks, where nothing of ours is left.
     for path in list(_live):
         remove(path)
+    _owner.release_all(_owner.WORKSPACE_PREFIX)

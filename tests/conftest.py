@@ -322,21 +322,28 @@ def _new_fds(before: dict[int, str]) -> dict[int, str]:
 def settled_temp(path: str, timeout: float = 3.0) -> set[str]:
     """The entries of `path` once the supervisor has removed the
     workspaces of closed sandboxes (renamed to *.removing at close), but
-    for the ones it keeps ready (id 0: made and taken on its own thread)."""
+    for the ones it keeps ready (id 0: made and taken on its own thread)
+    and our owner lock (held for life)."""
     import time
 
     ready = f"sbxlimit-{os.getpid():x}-0-"
     deadline = time.monotonic() + timeout
     while True:
-        names = {n for n in os.listdir(path) if not n.startswith(ready)}
+        names = {n for n in os.listdir(path) if not n.startswith(ready) and n != _own_lock()}
         if not any(n.endswith(".removing") for n in names) or time.monotonic() > deadline:
             return names
         time.sleep(0.02)
 
 
+def _own_lock() -> str:
+    """Our owner lock in a temp directory where we made workspaces (_owner):
+    held for life, removed at exit."""
+    return f"sbxlimit-{os.getpid():x}.owner"
+
+
 def _temp_entries() -> set[str]:
     tmp = tempfile.gettempdir()
-    return {e for e in os.listdir(tmp) if e.startswith("sbxlimit")}
+    return {e for e in os.listdir(tmp) if e.startswith("sbxlimit") and e != _own_lock()}
 
 
 def _own_cgroups() -> list[str]:

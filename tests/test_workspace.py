@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ import sbxlimit
 from sbxlimit import Limits, Policy
 from sbxlimit._namespaces import CLONE_NEWNS, namespaces
 
-from .conftest import settled_temp
+from .conftest import alive, can_choose_the_next_pid, privileges, settled_temp
 
 pytestmark = pytest.mark.filterwarnings("ignore:sbxlimit.*not enforced here:RuntimeWarning")
 PY = sys.executable
@@ -376,6 +377,163 @@ def test_an_interpreter_that_exits_at_once_leaves_no_workspace(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
     subprocess.run([PY, "-c", code], check=True, timeout=60, env=env)
     assert os.listdir(tmp_path) == []
+
+
+_CRASHES_WITH_A_WORKSPACE = """
+import os, sys, sbxlimit
+p = sbxlimit.Popen(["sleep", "60"], policy=sbxlimit.Policy(protect_dotfiles=False))
+with open(os.path.join(p.workspace, "result"), "w") as f:
+    f.write("the program's files")
+print(p.workspace, flush=True)
+sys.stdin.read()  # until the test kills it
+"""
+
+_NEXT_PROCESS = """
+import os, sys, time, sbxlimit
+sbxlimit.run(["true"], policy=sbxlimit.Policy(protect_dotfiles=False))
+deadline = time.monotonic() + 10
+while os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.02)  # the janitor's, off the spawn's path
+print(os.path.exists(sys.argv[1]))
+"""
+
+
+def test_a_killed_owner_s_workspace_goes_with_the_next_process_s_first(tmp_path):
+    # Killed (Pool.terminate(), the OOM killer, kill -9): no exit step ran,
+    # its workspace stayed until an operator ran `sbxlimit gc`.  Its owner
+    # lock, free once it is gone, lets the next process take it.
+    env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
+    with subprocess.Popen(
+        [PY, "-c", _CRASHES_WITH_A_WORKSPACE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as crashed:
+        assert crashed.stdout is not None
+        ws = crashed.stdout.readline().strip()
+        crashed.kill()
+    assert os.path.exists(os.path.join(ws, "result"))
+    assert f"sbxlimit-{crashed.pid:x}.owner" in os.listdir(tmp_path)
+    r = subprocess.run(
+        [PY, "-c", _NEXT_PROCESS, ws], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert r.stdout.split() == ["False"], r.stderr
+    assert os.listdir(tmp_path) == []  # its lock too, and the next one's at its exit
+
+
+_LIVE_IN_ANOTHER_PID_NS = """
+import os, sys, sbxlimit
+p = sbxlimit.Popen(["sleep", "60"], policy=sbxlimit.Policy(protect_dotfiles=False))
+print(os.getpid(), p.workspace, flush=True)
+sys.stdin.read()  # until the test has collected
+print(os.path.isdir(p.workspace), flush=True)
+p.kill_tree()
+p.close()
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare") or not can_choose_the_next_pid(),
+    reason=f"a PID namespace whose next pid is chosen needs root ({privileges()})",
+)
+def test_a_live_sandbox_s_workspace_in_another_pid_namespace_is_not_collected(tmp_path):
+    # Its owner's pid is free here: asked by pid it is gone, and `sbxlimit
+    # gc` removed the files of a program still running.  Its lock says it
+    # runs.
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid_max = int(f.read())
+    free = next(n for n in range(pid_max - 1000, 300, -7) if not os.path.exists(f"/proc/{n}"))
+    inside = f"echo {free - 1} > /proc/sys/kernel/ns_last_pid; {PY} -c '{_LIVE_IN_ANOTHER_PID_NS}'"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
+    with subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", inside],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as p:
+        try:
+            assert p.stdout is not None and p.stdin is not None
+            pid, ws = p.stdout.readline().split()
+            assert int(pid) == free and not alive(free)  # gone, asked here
+            subprocess.run([PY, "-m", "sbxlimit", "gc"], capture_output=True, env=env, check=True)
+            r = subprocess.run(
+                [PY, "-c", _NEXT_PROCESS, ws], capture_output=True, text=True, env=env
+            )
+            assert r.stdout.split() == ["True"], r.stderr  # (it waited 10 s for nothing)
+            p.stdin.close()
+            assert p.stdout.readline().split() == ["True"]
+            assert p.wait(timeout=30) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+    assert os.listdir(tmp_path) == []
+
+
+_PLANTED_LOCK = """
+import os, sys, tempfile, sbxlimit
+from sbxlimit import _owner
+print(os.getpid(), flush=True)
+sys.stdin.readline()  # the test plants a lock of another user's under our pid
+with sbxlimit.Popen(["true"], policy=sbxlimit.Policy(protect_dotfiles=False)) as p:
+    p.wait()
+print(_owner._held.get(tempfile.gettempdir()), flush=True)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason=f"making a directory another user's needs root ({privileges()})"
+)
+def test_an_owner_lock_another_user_planted_is_not_trusted(tmp_path):
+    # Another user who can write the temp directory (/tmp is everyone's)
+    # makes `sbxlimit-<pid hex>.owner` before the process with that pid
+    # does, and can remove it (sticky: it is theirs) and make it again,
+    # unlocked, whenever they like: a collector would then take that
+    # process's workspaces for a dead owner's.
+    nobody = 65534
+    env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
+    with subprocess.Popen(
+        [PY, "-c", _PLANTED_LOCK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    ) as p:
+        assert p.stdout is not None and p.stdin is not None
+        pid = int(p.stdout.readline())
+        planted = tmp_path / f"sbxlimit-{pid:x}.owner"
+        planted.mkdir(mode=0o755)
+        os.chown(planted, nobody, nobody)
+        p.stdin.write("go\n")
+        p.stdin.close()
+        held = p.stdout.readline().strip()
+    assert held == "-1"  # no lock: its leftovers are judged by pid and age
+    planted.rmdir()
+
+    # A collector, for its part, takes no lock of another user's as proof.
+    # (In a process of its own: what it takes becomes its own, under a lock
+    # of its own there, let go at its exit.)
+    def collect() -> list[str]:
+        code = "import sys; from sbxlimit._gc import collect_workspaces as c\n"
+        code += "print(*c(sys.argv[1], locked_only=True), sep='\\n')"
+        r = subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return [line for line in r.stdout.splitlines() if line]
+
+    dead = _dead_pid()
+    left = tmp_path / f"sbxlimit-{dead:x}-1-abcdefgh"
+    (left / "tmp").mkdir(parents=True)
+    lock = tmp_path / f"sbxlimit-{dead:x}.owner"
+    lock.mkdir(mode=0o755)
+    os.chown(lock, nobody, nobody)
+    assert collect() == []
+    assert left.exists()
+    os.chown(lock, os.geteuid(), os.getegid())
+    assert collect() == [f"workspace {left}", f"workspace lock {lock}"]
+    assert os.listdir(tmp_path) == []
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
 
 
 def test_disk_limit_ends_with_reason_disk():
