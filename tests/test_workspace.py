@@ -391,7 +391,7 @@ sys.stdin.read()  # until the test kills it
 _NEXT_PROCESS = """
 import os, sys, time, sbxlimit
 sbxlimit.run(["true"], policy=sbxlimit.Policy(protect_dotfiles=False))
-deadline = time.monotonic() + 10
+deadline = time.monotonic() + float(sys.argv[2])
 while os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
     time.sleep(0.02)  # the janitor's, off the spawn's path
 print(os.path.exists(sys.argv[1]))
@@ -416,7 +416,7 @@ def test_a_killed_owner_s_workspace_goes_with_the_next_process_s_first(tmp_path)
     assert os.path.exists(os.path.join(ws, "result"))
     assert f"sbxlimit-{crashed.pid:x}.owner" in os.listdir(tmp_path)
     r = subprocess.run(
-        [PY, "-c", _NEXT_PROCESS, ws], capture_output=True, text=True, timeout=60, env=env
+        [PY, "-c", _NEXT_PROCESS, ws, "10"], capture_output=True, text=True, timeout=60, env=env
     )
     assert r.stdout.split() == ["False"], r.stderr
     assert os.listdir(tmp_path) == []  # its lock too, and the next one's at its exit
@@ -458,10 +458,11 @@ def test_a_live_sandbox_s_workspace_in_another_pid_namespace_is_not_collected(tm
             pid, ws = p.stdout.readline().split()
             assert int(pid) == free and not alive(free)  # gone, asked here
             subprocess.run([PY, "-m", "sbxlimit", "gc"], capture_output=True, env=env, check=True)
+            # (Its janitor looks within milliseconds of its first workspace.)
             r = subprocess.run(
-                [PY, "-c", _NEXT_PROCESS, ws], capture_output=True, text=True, env=env
+                [PY, "-c", _NEXT_PROCESS, ws, "2"], capture_output=True, text=True, env=env
             )
-            assert r.stdout.split() == ["True"], r.stderr  # (it waited 10 s for nothing)
+            assert r.stdout.split() == ["True"], r.stderr
             p.stdin.close()
             assert p.stdout.readline().split() == ["True"]
             assert p.wait(timeout=30) == 0
