@@ -267,13 +267,25 @@ def remove(path: str) -> None:
     def onerror(func: object, p: str, exc: object) -> None:
         # The program may have left read-only or 000 directories: open them
         # up and try again, once.
-        try:
-            os.chmod(p, stat.S_IRWXU)
-            shutil.rmtree(p, ignore_errors=True)
-        except OSError:
-            pass
+        _open_up(p)
+        shutil.rmtree(p, ignore_errors=True)
 
     shutil.rmtree(path, onerror=onerror)
+
+
+def _open_up(path: str) -> None:
+    """Make `path` ours to list and empty, unless it is a link: a program
+    can leave one to any file of our user's, and chmod follows links."""
+    try:
+        os.chmod(path, stat.S_IRWXU, follow_symlinks=False)
+    except NotImplementedError:  # a link, or a libc that cannot tell
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                os.chmod(path, stat.S_IRWXU)
+        except OSError:
+            pass
+    except OSError:
+        pass
 
 
 # A discarded workspace's name until it is gone: still one `sbxlimit gc`

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -15,7 +18,7 @@ import sbxlimit
 from sbxlimit import Limits, Policy
 from sbxlimit._namespaces import CLONE_NEWNS, namespaces
 
-from .conftest import alive, can_choose_the_next_pid, privileges, settled_temp
+from .conftest import alive, can_choose_the_next_pid, in_a_fork, privileges, settled_temp
 
 pytestmark = pytest.mark.filterwarnings("ignore:sbxlimit.*not enforced here:RuntimeWarning")
 PY = sys.executable
@@ -125,6 +128,43 @@ def test_the_programs_leftovers_do_not_stop_removal():
         p.wait()
         ws = p.workspace
     assert not os.path.exists(ws)
+
+
+def test_the_removal_changes_no_file_a_link_the_program_left_points_to():
+    # The program leaves a read-only directory holding a link to a file of
+    # the caller's user (`ln -s ~/notes ro/link; chmod 500 ro`).  A removal
+    # that cannot unlink the link opens its directory up (chmod) and tries
+    # again; it opened up the link itself, and chmod follows links: the
+    # caller's file became 0700.  Root removes without opening anything up:
+    # the removal runs as another user then (in a directory it can reach).
+    base = pathlib.Path(tempfile.mkdtemp(prefix="link-left-"))
+    try:
+        ws, victim = base / "ws", base / "notes"
+        (ws / "ro" / "sub").mkdir(parents=True)
+        victim.write_text("the caller's")
+        victim.chmod(0o644)
+        (ws / "ro" / "link").symlink_to(victim)
+        (ws / "ro" / "sub").chmod(0)
+        (ws / "ro").chmod(0o500)
+        nobody = 65534 if os.geteuid() == 0 else -1
+        if nobody >= 0:
+            for path in (base, victim, ws, ws / "ro", ws / "ro" / "link", ws / "ro" / "sub"):
+                os.chown(path, nobody, nobody, follow_symlinks=False)
+
+        def remove() -> str:
+            if nobody >= 0:
+                os.setgid(nobody)
+                os.setuid(nobody)
+            from sbxlimit import _workspace
+
+            _workspace.remove(str(ws))
+            return "removed"
+
+        assert in_a_fork(remove) == "removed"
+        assert stat.S_IMODE(victim.stat().st_mode) == 0o644
+        assert not os.path.lexists(ws)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_the_tree_is_removed_by_the_janitor_not_the_caller(monkeypatch):
