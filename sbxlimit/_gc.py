@@ -247,34 +247,29 @@ def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = F
     taken: list[str] = []  # renamed as ours, removed once the locks are let go
     judged: set[int] = set()  # by their lock
     for pid in locked:
-        fd = claim(tmp, pid, WORKSPACE_PREFIX)
-        if fd is None:
-            judged.add(pid)  # its owner runs, in whatever namespace
+        lock = owner_path(tmp, pid, WORKSPACE_PREFIX)
+        if not _ours(lock):
+            continue  # planted by another user (or a link): judged by pid, if at all
+        judged.add(pid)
+        if owner_alive(pid):
+            # A process with its pid here (its own, or another's since):
+            # its workspaces could be a live program's files.
             continue
-        try:
-            if os.fstat(fd).st_uid != os.geteuid():
-                continue  # not a lock of ours: judged by pid, if at all
-            judged.add(pid)
-            # Its pid alive here: a process with its pid, or the owner
-            # itself had it failed to keep the lock: only what is old goes.
-            age = AUTO_MIN_AGE if owner_alive(pid) else 0.0
-            left = False
-            for name in by_owner.get(pid, []):
-                path = os.path.join(tmp, name)
-                if old_enough(path, age) and _ours(path):
-                    # A rename while the lock is held (a new process with
-                    # this pid waits for it), the removal after.
-                    trash = None if dry_run else _workspace.adopt(path)
-                    if dry_run or trash is not None:
-                        removed.append(f"workspace {path}")
-                        taken += [trash] if trash is not None else []
-                        continue
-                left = left or os.path.lexists(path)
-            path = owner_path(tmp, pid, WORKSPACE_PREFIX)
-            if not left and _rmdir(path, dry_run):
-                removed.append(f"workspace lock {path}")
-        finally:
-            let_go(fd)
+        names = [n for n in by_owner.get(pid, []) if _ours(os.path.join(tmp, n))]
+        if dry_run:
+            if not claim_and_let_go(tmp, pid):
+                continue
+            removed += [f"workspace {os.path.join(tmp, n)}" for n in names]
+            removed.append(f"workspace lock {lock}")
+            continue
+        got = _take_workspaces(tmp, pid, names)
+        if got is None:
+            continue  # its owner (or a new process with its pid) holds it
+        moved, whole = got
+        removed += [f"workspace {path}" for path, _trash in moved]
+        taken += [trash for _path, trash in moved]
+        if whole and _rmdir_claimed(tmp, pid, lock):
+            removed.append(f"workspace lock {lock}")
     for trash in taken:
         _workspace.remove(trash)
     if locked_only:
@@ -289,6 +284,64 @@ def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = F
                     _workspace.remove(path)
                 removed.append(f"workspace {path}")
     return removed
+
+
+# Renames under one claim of an owner's lock: then it is let go for a
+# moment, so that a new process with that pid is not kept waiting (it
+# waits 0.1 s, then goes on without a lock).
+_BATCH = 64
+_BREATHE = 0.005  # seconds between two claims
+
+
+def _take_workspaces(
+    tmp: str, pid: int, names: list[str]
+) -> tuple[list[tuple[str, str]], bool] | None:
+    """Rename `names` (a dead owner's workspaces) as ours, under its lock,
+    in batches: (each (path, its new name), all were looked at), or None
+    if its lock was held from the start.  Stops where the lock is held
+    meanwhile (a new process with that pid: the rest is under its lock)."""
+    moved: list[tuple[str, str]] = []
+    done = 0
+    while True:
+        fd = claim(tmp, pid, WORKSPACE_PREFIX)
+        if fd is None:
+            return None if done == 0 else (moved, False)
+        try:
+            for name in names[done : done + _BATCH]:
+                path = os.path.join(tmp, name)
+                trash = _workspace.adopt(path)
+                if trash is not None:
+                    moved.append((path, trash))
+                done += 1
+        finally:
+            let_go(fd)
+        if done >= len(names):
+            return moved, True
+        time.sleep(_BREATHE)
+
+
+def _rmdir_claimed(tmp: str, pid: int, lock: str) -> bool:
+    """Remove a dead owner's lock if nothing of its is left in `tmp`."""
+    fd = claim(tmp, pid, WORKSPACE_PREFIX)
+    if fd is None:
+        return False
+    try:
+        prefix = f"{WORKSPACE_PREFIX}{pid:x}-"
+        if any(n.startswith(prefix) for n in os.listdir(tmp)):
+            return False
+        return _rmdir(lock, False)
+    except OSError:
+        return False
+    finally:
+        let_go(fd)
+
+
+def claim_and_let_go(tmp: str, pid: int) -> bool:
+    """Nobody holds `pid`'s lock in `tmp` (a dry run's question)."""
+    fd = claim(tmp, pid, WORKSPACE_PREFIX)
+    if fd is not None:
+        let_go(fd)
+    return fd is not None
 
 
 def _ours(path: str) -> bool:

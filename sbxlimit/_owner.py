@@ -41,6 +41,7 @@ import time
 __all__ = [
     "CGROUP_PREFIX",
     "OWNER_SUFFIX",
+    "TEMP_DIRS_MAX",
     "WORKSPACE_PREFIX",
     "anchor",
     "claim",
@@ -83,18 +84,54 @@ def hold(parent: str, prefix: str = CGROUP_PREFIX) -> None:
     taken.  Best effort: without it, our leftovers are judged by pid and
     age."""
     fd = _held.get(parent)
-    if fd is not None and (fd >= 0 or time.monotonic() < _retry_at.get(parent, 0.0)):
+    if (
+        fd is not None
+        and (fd >= 0 or time.monotonic() < _retry_at.get(parent, 0.0))
+        and (fd < 0 or prefix == CGROUP_PREFIX or not _removed(fd))
+    ):
         return
     with _lock:
+        if prefix != CGROUP_PREFIX:
+            _drop_removed()
         fd = _held.get(parent)
         if fd is not None and (fd >= 0 or time.monotonic() < _retry_at.get(parent, 0.0)):
             return
-        fd = _take(owner_path(parent, os.getpid(), prefix))
+        temp = [p for p, f in _held.items() if f >= 0 and _prefix.get(p) != CGROUP_PREFIX]
+        if prefix != CGROUP_PREFIX and len(temp) >= TEMP_DIRS_MAX:
+            fd = -1  # an fd for each of many temp directories: none for more
+        else:
+            fd = _take(owner_path(parent, os.getpid(), prefix))
         if fd is not None:
             _held[parent] = fd
             _prefix[parent] = prefix
             _changed()
             _retry_at[parent] = time.monotonic() + RETRY
+
+
+# Temp directories with a lock of ours at once (a caller may give each job
+# a temp directory of its own, removed after).
+TEMP_DIRS_MAX = 16
+
+
+def _removed(fd: int) -> bool:
+    """The owner directory held by `fd` was removed (its temp directory
+    with it, say): a lock there is taken again."""
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return True
+
+
+def _drop_removed() -> None:
+    """(_lock held.)  Let go of the temp directories' locks whose owner
+    directory is gone: nothing of ours can be left there under it."""
+    for parent, fd in list(_held.items()):
+        if fd >= 0 and _prefix.get(parent) != CGROUP_PREFIX and _removed(fd):
+            del _held[parent]
+            del _prefix[parent]
+            _retry_at.pop(parent, None)
+            os.close(fd)  # (never an anchor: those are cgroups')
+            _changed()
 
 
 def _changed() -> None:
@@ -127,8 +164,10 @@ def anchor(parent: str) -> int:
 def _take(path: str) -> int | None:
     """The fd of `path` locked shared; -1 if it cannot be; None to ask
     again with the next cgroup (the parent is missing and is made again
-    then; no fd was left).  An owner cgroup nobody holds says its owner is
-    gone: one we made and could not lock goes again."""
+    then; no fd was left).  An owner directory nobody holds says its owner
+    is gone: one we made and could not lock goes again.  One of another
+    user's, or a link (in a temp directory anyone may write), is never
+    taken: it could be held against us, or swapped for another under us."""
     give_up = time.monotonic() + 0.1
     while time.monotonic() < give_up:
         made = False
@@ -142,23 +181,23 @@ def _take(path: str) -> int | None:
         except OSError:
             return -1
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(path, _OPEN)
         except FileNotFoundError:
             continue  # a collector removed it between the two calls
-        except OSError:
+        except OSError as e:
             _unmake(path, made)
-            return None
+            return -1 if e.errno in (errno.ELOOP, errno.ENOTDIR) else None
         try:
-            # Never waits: a collector holds it for a few rmdirs, and a
-            # process that holds it exclusively for longer (one that can
-            # open the directory can) must not stop our spawns.
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             st = os.fstat(fd)
-            if st.st_ino == os.stat(path).st_ino:
-                if st.st_uid == os.geteuid():
-                    return fd
-                os.close(fd)  # another user's (planted): it could remove it under us
+            if st.st_uid != os.geteuid():
+                os.close(fd)  # another user's (planted): before its lock, which they may hold
                 return -1
+            # Never waits: a collector holds it for a few renames or
+            # rmdirs, and a process that holds it exclusively for longer
+            # (one of our user's can) must not stop our spawns.
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            if _same(st, path):
+                return fd
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.ENOENT):
                 os.close(fd)
@@ -167,6 +206,19 @@ def _take(path: str) -> int | None:
         os.close(fd)  # removed by the collector that held it: make it again
         time.sleep(0.001)
     return -1
+
+
+# An owner directory is opened as itself, never through a link.
+_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _same(st: os.stat_result, path: str) -> bool:
+    """`st` (of an fd) is what `path` names now."""
+    try:
+        here = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
 
 
 def _unmake(path: str, made: bool) -> None:
@@ -184,12 +236,12 @@ def claim(parent: str, pid: int, prefix: str = CGROUP_PREFIX) -> int | None:
     path = owner_path(parent, pid, prefix)
     with _lock:  # a fork meanwhile: its child closes the fd (_claimed)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(path, _OPEN)
         except OSError:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            if _same(os.fstat(fd), path):
                 _claimed.add(fd)
                 return fd
         except OSError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import shutil
@@ -523,52 +524,144 @@ print(_owner._held.get(tempfile.gettempdir()), flush=True)
 """
 
 
+def _collect(tmp: str, *, locked_only: bool) -> list[str]:
+    """collect_workspaces in a process of its own: what it takes becomes
+    its own, under a lock of its own there, let go at its exit."""
+    code = "import sys; from sbxlimit._gc import collect_workspaces as c\n"
+    code += "print(*c(sys.argv[1], locked_only=sys.argv[2] == '1'), sep='\\n')"
+    r = subprocess.run(
+        [PY, "-c", code, tmp, "1" if locked_only else "0"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    return [line for line in r.stdout.splitlines() if line]
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0, reason=f"making a directory another user's needs root ({privileges()})"
 )
-def test_an_owner_lock_another_user_planted_is_not_trusted(tmp_path):
+@pytest.mark.parametrize("planted", ["a directory", "a link to a directory of ours"])
+def test_an_owner_lock_another_user_planted_is_not_trusted(tmp_path, planted):
     # Another user who can write the temp directory (/tmp is everyone's)
     # makes `sbxlimit-<pid hex>.owner` before the process with that pid
-    # does, and can remove it (sticky: it is theirs) and make it again,
-    # unlocked, whenever they like: a collector would then take that
-    # process's workspaces for a dead owner's.
+    # does.  A directory of theirs they can remove (sticky: it is theirs)
+    # and make again, unlocked, whenever they like; a link they can point
+    # at another directory of ours, that nobody holds.  Either way a
+    # collector would then take that process's workspaces for a dead
+    # owner's.
     nobody = 65534
+    ours = tmp_path / "a-directory-of-ours"
+    ours.mkdir()
+
+    def plant(path: pathlib.Path) -> None:
+        if planted == "a directory":
+            path.mkdir(mode=0o755)
+        else:
+            path.symlink_to(ours)
+        os.chown(path, nobody, nobody, follow_symlinks=False)
+
+    def unplant(path: pathlib.Path) -> None:
+        path.rmdir() if planted == "a directory" else path.unlink()
+
     env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
     with subprocess.Popen(
         [PY, "-c", _PLANTED_LOCK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     ) as p:
         assert p.stdout is not None and p.stdin is not None
         pid = int(p.stdout.readline())
-        planted = tmp_path / f"sbxlimit-{pid:x}.owner"
-        planted.mkdir(mode=0o755)
-        os.chown(planted, nobody, nobody)
+        plant(tmp_path / f"sbxlimit-{pid:x}.owner")
         p.stdin.write("go\n")
         p.stdin.close()
         held = p.stdout.readline().strip()
     assert held == "-1"  # no lock: its leftovers are judged by pid and age
-    planted.rmdir()
+    unplant(tmp_path / f"sbxlimit-{pid:x}.owner")
 
-    # A collector, for its part, takes no lock of another user's as proof.
-    # (In a process of its own: what it takes becomes its own, under a lock
-    # of its own there, let go at its exit.)
-    def collect() -> list[str]:
-        code = "import sys; from sbxlimit._gc import collect_workspaces as c\n"
-        code += "print(*c(sys.argv[1], locked_only=True), sep='\\n')"
-        r = subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr
-        return [line for line in r.stdout.splitlines() if line]
-
+    # A collector, for its part, takes no such lock as proof that an owner
+    # is gone ...
     dead = _dead_pid()
     left = tmp_path / f"sbxlimit-{dead:x}-1-abcdefgh"
     (left / "tmp").mkdir(parents=True)
     lock = tmp_path / f"sbxlimit-{dead:x}.owner"
-    lock.mkdir(mode=0o755)
-    os.chown(lock, nobody, nobody)
-    assert collect() == []
+    plant(lock)
+    assert _collect(str(tmp_path), locked_only=True) == []
     assert left.exists()
-    os.chown(lock, os.geteuid(), os.getegid())
-    assert collect() == [f"workspace {left}", f"workspace lock {lock}"]
-    assert os.listdir(tmp_path) == []
+    # ... nor as proof that it runs (its owner held it against the
+    # collector): `sbxlimit gc` asks the pid.
+    fd = os.open(ours if planted != "a directory" else lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert _collect(str(tmp_path), locked_only=False) == [f"workspace {left}"]
+    finally:
+        os.close(fd)
+    assert os.path.lexists(lock)  # not ours to remove
+    unplant(lock)
+    (left / "tmp").mkdir(parents=True)
+    lock.mkdir()  # ours
+    assert _collect(str(tmp_path), locked_only=True) == [
+        f"workspace {left}",
+        f"workspace lock {lock}",
+    ]
+    assert os.listdir(tmp_path) == [ours.name]
+
+
+def test_a_dead_owner_s_workspaces_wait_while_its_pid_is_another_s(tmp_path):
+    # Its lock is free, but a process runs with its pid here: the owner
+    # lost its lock (a collector held it as it started), or the pid went to
+    # another process since.  The workspaces could be a live program's
+    # files, however old: they wait for that pid to be gone.
+    with subprocess.Popen(["sleep", "60"]) as live:
+        try:
+            left = tmp_path / f"sbxlimit-{live.pid:x}-1-abcdefgh"
+            (left / "tmp").mkdir(parents=True)
+            (tmp_path / f"sbxlimit-{live.pid:x}.owner").mkdir()
+            old = time.time() - 3600
+            os.utime(left, (old, old))
+            assert _collect(str(tmp_path), locked_only=True) == []
+            assert left.exists()
+        finally:
+            live.kill()
+    assert _collect(str(tmp_path), locked_only=True) == [
+        f"workspace {left}",
+        f"workspace lock {tmp_path / f'sbxlimit-{live.pid:x}.owner'}",
+    ]
+
+
+_TEMP_DIR_PER_JOB = """
+import os, shutil, tempfile, sbxlimit
+from sbxlimit import _owner
+
+base = tempfile.gettempdir()
+def owner_fds():
+    fds = []
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            fds.append(os.readlink(f"/proc/self/fd/{n}"))
+        except OSError:
+            pass  # the listing's own
+    return [t for t in fds if t.endswith(".owner") or t.endswith(".owner (deleted)")]
+for job in range(40):  # a temp directory of its own each, removed after
+    tempfile.tempdir = os.path.join(base, f"job{job % 3}")
+    os.mkdir(tempfile.tempdir)
+    sbxlimit.run(["true"], policy=sbxlimit.Policy(protect_dotfiles=False))
+    made = f"sbxlimit-{os.getpid():x}.owner" in os.listdir(tempfile.tempdir)
+    while os.path.exists(tempfile.tempdir):  # (the supervisor may make one ahead meanwhile)
+        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
+    if not made:
+        raise SystemExit(f"job {job}: no lock in its temp directory (made again)")
+print(len(owner_fds()))
+"""
+
+
+def test_temp_directories_removed_and_made_again_hold_no_fd_and_get_their_lock(tmp_path):
+    # A caller that gives each job a temp directory of its own and removes
+    # it after: an fd stayed open on each removed directory's lock (the
+    # process ran out of fds), and a directory made again at the same path
+    # never got its lock again.
+    env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
+    r = subprocess.run(
+        [PY, "-c", _TEMP_DIR_PER_JOB], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) <= 1  # the last job's, if its removal is not seen yet
 
 
 def _dead_pid() -> int:
