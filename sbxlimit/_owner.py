@@ -87,7 +87,7 @@ def hold(parent: str, prefix: str = CGROUP_PREFIX) -> None:
     if (
         fd is not None
         and (fd >= 0 or time.monotonic() < _retry_at.get(parent, 0.0))
-        and (fd < 0 or prefix == CGROUP_PREFIX or not _removed(fd))
+        and (fd < 0 or prefix == CGROUP_PREFIX or not _removed(parent, fd, prefix))
     ):
         return
     with _lock:
@@ -113,20 +113,24 @@ def hold(parent: str, prefix: str = CGROUP_PREFIX) -> None:
 TEMP_DIRS_MAX = 16
 
 
-def _removed(fd: int) -> bool:
-    """The owner directory held by `fd` was removed (its temp directory
-    with it, say): a lock there is taken again."""
+def _removed(parent: str, fd: int, prefix: str) -> bool:
+    """The owner directory held by `fd` is no longer ours in `parent` (its
+    temp directory was removed, say, and maybe made again): a lock there
+    is taken again.  (Not its link count alone: a network filesystem's
+    may not drop.)"""
     try:
-        return os.fstat(fd).st_nlink == 0
+        st = os.fstat(fd)
     except OSError:
         return True
+    return st.st_nlink == 0 or not _same(st, owner_path(parent, os.getpid(), prefix))
 
 
 def _drop_removed() -> None:
     """(_lock held.)  Let go of the temp directories' locks whose owner
     directory is gone: nothing of ours can be left there under it."""
     for parent, fd in list(_held.items()):
-        if fd >= 0 and _prefix.get(parent) != CGROUP_PREFIX and _removed(fd):
+        prefix = _prefix.get(parent, CGROUP_PREFIX)
+        if fd >= 0 and prefix != CGROUP_PREFIX and _removed(parent, fd, prefix):
             del _held[parent]
             del _prefix[parent]
             _retry_at.pop(parent, None)

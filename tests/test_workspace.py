@@ -138,7 +138,9 @@ def test_the_removal_changes_no_file_a_link_the_program_left_points_to():
     # again; it opened up the link itself, and chmod follows links: the
     # caller's file became 0700.  Root removes without opening anything up:
     # the removal runs as another user then (in a directory it can reach).
-    base = pathlib.Path(tempfile.mkdtemp(prefix="link-left-"))
+    nobody = 65534 if os.geteuid() == 0 else -1
+    # (Where that user can reach it: /tmp, not a TMPDIR of root's own.)
+    base = pathlib.Path(tempfile.mkdtemp(prefix="link-left-", dir="/tmp" if nobody >= 0 else None))
     try:
         ws, victim = base / "ws", base / "notes"
         (ws / "ro" / "sub").mkdir(parents=True)
@@ -147,7 +149,6 @@ def test_the_removal_changes_no_file_a_link_the_program_left_points_to():
         (ws / "ro" / "link").symlink_to(victim)
         (ws / "ro" / "sub").chmod(0)
         (ws / "ro").chmod(0o500)
-        nobody = 65534 if os.geteuid() == 0 else -1
         if nobody >= 0:
             for path in (base, victim, ws, ws / "ro", ws / "ro" / "link", ws / "ro" / "sub"):
                 os.chown(path, nobody, nobody, follow_symlinks=False)
