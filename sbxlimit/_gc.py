@@ -244,7 +244,8 @@ def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = F
         if pid is not None:
             by_owner.setdefault(pid, []).append(name)
     removed: list[str] = []
-    taken: list[str] = []  # renamed as ours, removed once the locks are let go
+    locks: list[str] = []  # dead owners' locks removed
+    taken: list[tuple[str, str]] = []  # (path, renamed as ours): removed once let go
     judged: set[int] = set()  # by their lock
     for pid in locked:
         lock = owner_path(tmp, pid, WORKSPACE_PREFIX)
@@ -257,21 +258,21 @@ def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = F
             continue
         names = [n for n in by_owner.get(pid, []) if _ours(os.path.join(tmp, n))]
         if dry_run:
-            if not claim_and_let_go(tmp, pid):
-                continue
-            removed += [f"workspace {os.path.join(tmp, n)}" for n in names]
-            removed.append(f"workspace lock {lock}")
+            if claim_and_let_go(tmp, pid):
+                removed += [f"workspace {os.path.join(tmp, n)}" for n in names]
+                locks.append(f"workspace lock {lock}")
             continue
         got = _take_workspaces(tmp, pid, names)
         if got is None:
             continue  # its owner (or a new process with its pid) holds it
         moved, whole = got
-        removed += [f"workspace {path}" for path, _trash in moved]
-        taken += [trash for _path, trash in moved]
+        taken += moved
         if whole and _rmdir_claimed(tmp, pid, lock):
-            removed.append(f"workspace lock {lock}")
-    for trash in taken:
-        _workspace.remove(trash)
+            locks.append(f"workspace lock {lock}")
+    # Said removed only once gone (a tree the program made unremovable
+    # stays ours, tried again at our exit and then by the next collector).
+    removed += [f"workspace {path}" for path, trash in taken if _workspace.remove(trash)]
+    removed += locks
     if locked_only:
         return removed
     for pid, owned in by_owner.items():
@@ -279,9 +280,7 @@ def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = F
             continue
         for name in owned:
             path = os.path.join(tmp, name)
-            if _ours(path):
-                if not dry_run:
-                    _workspace.remove(path)
+            if _ours(path) and (dry_run or _workspace.remove(path)):
                 removed.append(f"workspace {path}")
     return removed
 

@@ -1026,6 +1026,7 @@ class Monitor:
             trash = which[:]
             del which[:]
             self._emptying += 1
+        trees: list[tuple[str, int, _workspace.FinalSize | None]] = []
         try:
             trees = self._remove_trash(trash, bare_only=which is self._trash)
         finally:

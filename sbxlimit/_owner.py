@@ -33,10 +33,13 @@ must not be left holding our directories.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
+import sys
 import threading
 import time
+
+if sys.platform != "win32":  # (no flock there: Windows leftovers are judged by pid)
+    import fcntl
 
 __all__ = [
     "CGROUP_PREFIX",
@@ -83,6 +86,8 @@ def hold(parent: str, prefix: str = CGROUP_PREFIX) -> None:
     cgroup (or workspace, `prefix` WORKSPACE_PREFIX) there; cheap once
     taken.  Best effort: without it, our leftovers are judged by pid and
     age."""
+    if sys.platform == "win32":
+        return
     fd = _held.get(parent)
     if (
         fd is not None
@@ -237,6 +242,8 @@ def claim(parent: str, pid: int, prefix: str = CGROUP_PREFIX) -> int | None:
     """The owner directory of `pid` in `parent` locked exclusively (its
     fd: every process that held it is gone; close it when done), or None:
     one still runs, or there is none."""
+    if sys.platform == "win32":
+        return None
     path = owner_path(parent, pid, prefix)
     with _lock:  # a fork meanwhile: its child closes the fd (_claimed)
         try:

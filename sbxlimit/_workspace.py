@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 
-from . import _owner
+from . import _fstree, _owner
 from ._exit import WORKSPACES, at_exit
 from ._once import Once
 from ._place import Place, here
@@ -259,33 +259,29 @@ def forget(path: str) -> None:
         _live.discard(path)
 
 
-def remove(path: str) -> None:
-    """Remove a workspace and everything in it (never following links out)."""
+def remove(path: str) -> bool:
+    """Remove a workspace and everything in it (never following links out):
+    True if it is gone.  What could not be removed is tried again at exit."""
     with _lock:
         _live.discard(path)
+    if _fstree.usable:
+        gone = _fstree.remove_tree(path)
+    else:  # Windows: no *at calls (and no links a program can make unasked)
 
-    def onerror(func: object, p: str, exc: object) -> None:
-        # The program may have left read-only or 000 directories: open them
-        # up and try again, once.
-        _open_up(p)
-        shutil.rmtree(p, ignore_errors=True)
+        def onerror(func: object, p: str, exc: object) -> None:
+            # A read-only file or directory the program left: once more.
+            try:
+                os.chmod(p, stat.S_IRWXU)
+                shutil.rmtree(p, ignore_errors=True)
+            except OSError:
+                pass
 
-    shutil.rmtree(path, onerror=onerror)
-
-
-def _open_up(path: str) -> None:
-    """Make `path` ours to list and empty, unless it is a link: a program
-    can leave one to any file of our user's, and chmod follows links."""
-    try:
-        os.chmod(path, stat.S_IRWXU, follow_symlinks=False)
-    except NotImplementedError:  # a link, or a libc that cannot tell
-        try:
-            if not stat.S_ISLNK(os.lstat(path).st_mode):
-                os.chmod(path, stat.S_IRWXU)
-        except OSError:
-            pass
-    except OSError:
-        pass
+        shutil.rmtree(path, onerror=onerror)
+        gone = not os.path.lexists(path)
+    if not gone:
+        with _lock:
+            _live.add(path)
+    return gone
 
 
 # A discarded workspace's name until it is gone: still one `sbxlimit gc`
@@ -347,30 +343,9 @@ def bare(path: str) -> bool:
 
 
 def size(path: str) -> int:
-    """Bytes allocated under path (hard links once; links not followed)."""
-    total = 0
-    seen: set[tuple[int, int]] = set()
-    stack = [path]
-    while stack:
-        try:
-            it = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with it:
-            for entry in it:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if st.st_nlink > 1:
-                    ident = (st.st_dev, st.st_ino)
-                    if ident in seen:
-                        continue
-                    seen.add(ident)
-                total += st.st_blocks * 512
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(entry.path)
-    return total
+    """Bytes allocated under path (hard links once; links not followed;
+    however deep the program made it: see _fstree)."""
+    return _fstree.tree_size(path)
 
 
 def tmpfs_usage(fd: int) -> tuple[int, bool]:

@@ -169,6 +169,62 @@ def test_the_removal_changes_no_file_a_link_the_program_left_points_to():
         shutil.rmtree(base, ignore_errors=True)
 
 
+_DEEP = "i=0; while [ $i -lt 1200 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done"
+_LEAVES_A_DEEP_TREE = f"""
+import sbxlimit
+r = sbxlimit.run(["sh", "-c", "{_DEEP}"], policy=sbxlimit.Policy(protect_dotfiles=False))
+assert r.returncode == 0, r
+"""
+
+
+def test_a_tree_of_any_depth_the_program_leaves_is_removed(tmp_path):
+    # 1200 directories deep: a removal that recursed (shutil.rmtree)
+    # raised RecursionError, on the janitor's thread and again at exit;
+    # the workspace stayed, and each later collector failed the same way.
+    env = {**os.environ, "TMPDIR": str(tmp_path), "SBXLIMIT_CGROUP_PARENT": "none"}
+    r = subprocess.run(
+        [PY, "-c", _LEAVES_A_DEEP_TREE], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0 and "Error" not in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_tree_past_path_max_the_program_made_unreadable_is_removed():
+    # 20 names of 250 characters, then a directory of mode 000: opening it
+    # up by its path failed (ENAMETOOLONG), and nothing said so.  Root
+    # needs no opening up: the removal runs as another user then.
+    nobody = 65534 if os.geteuid() == 0 else -1
+    base = pathlib.Path(tempfile.mkdtemp(prefix="path-max-", dir="/tmp" if nobody >= 0 else None))
+    try:
+        ws = base / "ws"
+        ws.mkdir()
+        if nobody >= 0:
+            os.chown(base, nobody, nobody)
+            os.chown(ws, nobody, nobody)
+
+        def make_and_remove() -> str:
+            if nobody >= 0:
+                os.setgid(nobody)
+                os.setuid(nobody)
+            os.chdir(ws)
+            for _ in range(20):
+                os.mkdir("x" * 250)
+                os.chdir("x" * 250)
+            os.mkdir("locked")
+            open("locked/f", "w").close()
+            os.chmod("locked", 0)
+            os.chdir("/")
+            from sbxlimit import _workspace
+
+            _workspace.remove(str(ws))
+            return "done"
+
+        assert in_a_fork(make_and_remove) == "done"
+        assert not os.path.lexists(ws)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_the_tree_is_removed_by_the_janitor_not_the_caller(monkeypatch):
     # close() renames the workspace away (its path is gone at once) and the
     # janitor thread removes the tree: the caller never waits for rmdirs.
@@ -604,6 +660,29 @@ def test_an_owner_lock_another_user_planted_is_not_trusted(tmp_path, planted):
     assert os.listdir(tmp_path) == [ours.name]
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason=f"a mount inside a leftover needs root ({privileges()})"
+)
+def test_gc_says_removed_only_what_is_gone(tmp_path):
+    # What cannot be removed (here a mount point inside it) was reported
+    # removed by `sbxlimit gc` all the same.
+    dead = _dead_pid()
+    left = tmp_path / f"sbxlimit-{dead:x}-1-abcdefgh"
+    (left / "busy").mkdir(parents=True)
+    (tmp_path / f"sbxlimit-{dead:x}.owner").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(left / "busy")], check=True)
+    try:
+        got = _collect(str(tmp_path), locked_only=True)
+        assert not [line for line in got if line.startswith("workspace /")], got
+    finally:
+        busy = [str(p) for p in tmp_path.glob("*/busy")]
+        for path in busy:
+            subprocess.run(["umount", path], check=False)
+    assert busy  # (renamed as the collector's, and left)
+    assert _collect(str(tmp_path), locked_only=True)  # gone now
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_dead_owner_s_workspaces_wait_while_its_pid_is_another_s(tmp_path):
     # Its lock is free, but a process runs with its pid here: the owner
     # lost its lock (a collector held it as it started), or the pid went to
@@ -715,6 +794,26 @@ def test_disk_on_a_given_workdir(tmp_path):
         sample_interval="20ms",
     )
     assert r.termination.reason == "disk" and (tmp_path / "f").exists()
+
+
+def test_disk_counts_what_the_program_writes_past_path_max(tmp_path):
+    # The watchdog measured by path: below 20 names of 250 characters
+    # (past PATH_MAX) it saw nothing, and 2 MB there went unnoticed.
+    code = (
+        "import os, time\n"
+        "for _ in range(20):\n"
+        "    os.mkdir('x' * 250); os.chdir('x' * 250)\n"
+        "with open('f', 'wb') as f:\n"
+        "    f.write(bytes(2_000_000))\n"
+        "time.sleep(5)\n"
+    )
+    r = sbxlimit.run(
+        [PY, "-c", code],
+        limits=Limits(disk="1Mi"),
+        policy=Policy(workdir=str(tmp_path), protect_dotfiles=False),
+        sample_interval="20ms",
+    )
+    assert r.termination.reason == "disk", r.termination
 
 
 def test_a_failed_spawn_removes_the_workspace():

@@ -1,0 +1,176 @@
+"""Walking a tree a sandboxed program made: its removal and its size.
+
+The program chooses the tree's depth, its names' length and its modes, and
+leaves links: a walk that recursed (``shutil.rmtree``: RecursionError past
+some 1000 levels), built paths (ENAMETOOLONG past PATH_MAX, where what is
+below is neither removed nor counted) or followed a link (``chmod``) is
+the program's to steer.  This one holds a single directory open at a
+time, reaches each entry by name from it (``*at`` calls, never through a
+link), and goes back up through ``..``, checked against the directory it
+came from.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["remove_tree", "tree_size", "usable"]
+
+_DIR = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+# Where the *at calls exist (not Windows): else the callers use the paths.
+usable = hasattr(os, "O_DIRECTORY") and os.open in os.supports_dir_fd
+
+Visit = Callable[[int, str, os.stat_result], None]
+T = TypeVar("T")
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _retry(fd: int, open_up: bool, op: Callable[[], T]) -> T:
+    """op(), again once after making directory `fd` ours to search and
+    change (`open_up`), if it was refused."""
+    try:
+        return op()
+    except PermissionError:
+        if not open_up:
+            raise
+        os.fchmod(fd, stat.S_IRWXU)  # the directory itself: never a link
+        return op()
+
+
+def _open_dir(fd: int, name: str, open_up: bool) -> int:
+    """Directory `name` in `fd`, opened as itself (a link is refused)."""
+    try:
+        return _retry(fd, open_up, lambda: os.open(name, _DIR, dir_fd=fd))
+    except PermissionError:
+        if not open_up:
+            raise
+        # Unreadable itself (mode 000): opened up without following a link.
+        try:
+            os.chmod(name, stat.S_IRWXU, dir_fd=fd, follow_symlinks=False)
+        except NotImplementedError:  # a libc that cannot tell: only a directory
+            if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                raise
+            os.chmod(name, stat.S_IRWXU, dir_fd=fd)
+        return os.open(name, _DIR, dir_fd=fd)
+
+
+def walk(path: str, visit: Visit, *, open_up: bool = False) -> bool:
+    """visit(dir_fd, name, lstat) for every entry under `path`, each
+    directory after what is in it; `path` itself is not visited.  With
+    `open_up`, what cannot be searched or opened is made so (chmod 0700;
+    the removal's).  False if the walk stopped early: `path` could not be
+    opened, or a directory moved while it was below it (or this is
+    Windows: no *at calls)."""
+    if not usable:
+        return False
+    try:
+        # `path` is the caller's (a workdir may be a link): the rest is the program's.
+        fd = os.open(path, _DIR & ~getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    # Each level above the current one: (its name in its parent, its
+    # identity, its lstat, the names still to visit in it).
+    stack: list[tuple[str, tuple[int, int], os.stat_result | None, list[str]]] = []
+    here: tuple[str, tuple[int, int], os.stat_result | None] = ("", _ident(os.fstat(fd)), None)
+    try:
+        names = os.listdir(fd)
+        while True:
+            if names:
+                name = names.pop()
+                try:
+                    st = _lstat(fd, name, open_up)
+                except OSError:
+                    continue  # gone, or not searchable and not ours to open up
+                if not stat.S_ISDIR(st.st_mode):
+                    visit(fd, name, st)
+                    continue
+                try:
+                    child = _open_dir(fd, name, open_up)
+                except OSError:
+                    visit(fd, name, st)  # as it is: what is in it stays
+                    continue
+                stack.append((*here, names))
+                os.close(fd)
+                fd = child
+                here = (name, _ident(os.fstat(fd)), st)
+                names = _list(fd, open_up)
+                continue
+            if not stack:
+                return True
+            up = os.open("..", _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            done_name, _done_ident, done_st = here
+            parent_name, parent_ident, parent_st, names = stack.pop()
+            if _ident(os.fstat(fd)) != parent_ident:
+                return False  # moved meanwhile: ".." is not where we came from
+            assert done_st is not None
+            visit(fd, done_name, done_st)
+            here = (parent_name, parent_ident, parent_st)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _lstat(fd: int, name: str, open_up: bool) -> os.stat_result:
+    return _retry(fd, open_up, lambda: os.stat(name, dir_fd=fd, follow_symlinks=False))
+
+
+def _list(fd: int, open_up: bool) -> list[str]:
+    return _retry(fd, open_up, lambda: os.listdir(fd))
+
+
+def remove_tree(path: str) -> bool:
+    """Remove `path` and everything under it, opening up what the program
+    made unsearchable or read-only; never following a link.  True if it
+    is gone."""
+
+    def remove(fd: int, name: str, st: os.stat_result) -> None:
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                _retry(fd, True, lambda: os.rmdir(name, dir_fd=fd))
+            else:
+                _retry(fd, True, lambda: os.unlink(name, dir_fd=fd))
+        except OSError:
+            pass  # (immutable, a mount point: left, and so are the directories above)
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(path)
+        else:
+            walk(path, remove, open_up=True)
+            os.rmdir(path)
+    except OSError:
+        pass
+    return not os.path.lexists(path)
+
+
+def tree_size(path: str) -> int:
+    """Bytes allocated under `path` (hard links once; links not followed)."""
+    total = 0
+    seen: set[tuple[int, int]] = set()
+
+    def count(_fd: int, _name: str, st: os.stat_result) -> None:
+        nonlocal total
+        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+            if _ident(st) in seen:
+                return
+            seen.add(_ident(st))
+        total += st.st_blocks * 512
+
+    walk(path, count)
+    return total
