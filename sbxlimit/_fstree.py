@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -70,9 +71,16 @@ def walk(path: str, visit: Visit, *, open_up: bool = False) -> bool:
     Windows: no *at calls)."""
     if not usable:
         return False
+    # `path` is the caller's (a workdir may be a link): the rest is the program's.
+    top = _DIR & ~getattr(os, "O_NOFOLLOW", 0)
     try:
-        # `path` is the caller's (a workdir may be a link): the rest is the program's.
-        fd = os.open(path, _DIR & ~getattr(os, "O_NOFOLLOW", 0))
+        try:
+            fd = os.open(path, top)
+        except PermissionError:
+            if not open_up:
+                raise
+            os.chmod(path, stat.S_IRWXU)  # (the workspace itself, made 000)
+            fd = os.open(path, top)
     except OSError:
         return False
     # Each level above the current one: (its name in its parent, its
@@ -133,12 +141,16 @@ def remove_tree(path: str) -> bool:
     made unsearchable or read-only; never following a link.  True if it
     is gone."""
 
+    removed = 0
+
     def remove(fd: int, name: str, st: os.stat_result) -> None:
+        nonlocal removed
         try:
             if stat.S_ISDIR(st.st_mode):
                 _retry(fd, True, lambda: os.rmdir(name, dir_fd=fd))
             else:
                 _retry(fd, True, lambda: os.unlink(name, dir_fd=fd))
+            removed += 1
         except OSError:
             pass  # (immutable, a mount point: left, and so are the directories above)
 
@@ -148,15 +160,33 @@ def remove_tree(path: str) -> bool:
         return True
     except OSError:
         return False
-    try:
-        if not stat.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(st.st_mode):
+        try:
             os.unlink(path)
-        else:
-            walk(path, remove, open_up=True)
+        except OSError:
+            pass
+        return not os.path.lexists(path)
+    # Again while a pass gets further, or is cut short by what another
+    # thread removes (the exit's removal meeting the janitor's): the tree
+    # is gone when this returns True, whoever removed it.
+    give_up = time.monotonic() + _CONTENDED
+    while True:
+        before = removed
+        whole = walk(path, remove, open_up=True)
+        try:
             os.rmdir(path)
-    except OSError:
-        pass
-    return not os.path.lexists(path)
+        except OSError:
+            pass
+        if not os.path.lexists(path):
+            return True
+        if removed == before and (whole or time.monotonic() > give_up):
+            return False  # what is left cannot be removed
+        if removed == before:
+            time.sleep(0.01)
+
+
+# Seconds a removal goes on while another removes the same tree.
+_CONTENDED = 10.0
 
 
 def tree_size(path: str) -> int:

@@ -261,9 +261,8 @@ def forget(path: str) -> None:
 
 def remove(path: str) -> bool:
     """Remove a workspace and everything in it (never following links out):
-    True if it is gone.  What could not be removed is tried again at exit."""
-    with _lock:
-        _live.discard(path)
+    True if it is gone.  Until it is, it is tried again at exit (where a
+    removal still under way on another thread could be cut short)."""
     if _fstree.usable:
         gone = _fstree.remove_tree(path)
     else:  # Windows: no *at calls (and no links a program can make unasked)
@@ -278,8 +277,10 @@ def remove(path: str) -> bool:
 
         shutil.rmtree(path, onerror=onerror)
         gone = not os.path.lexists(path)
-    if not gone:
-        with _lock:
+    with _lock:
+        if gone:
+            _live.discard(path)
+        else:
             _live.add(path)
     return gone
 

@@ -106,6 +106,20 @@ def can_choose_the_next_pid() -> bool:
     return True
 
 
+def fs_type(path: str) -> str:
+    """The type of the filesystem `path` is on (its mount's, in
+    /proc/self/mountinfo)."""
+    best, kind = "", ""
+    real = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, right = line.split(" - ", 1)
+            point = left.split()[4].replace("\\040", " ")
+            if (real + "/").startswith(point.rstrip("/") + "/") and len(point) >= len(best):
+                best, kind = point, right.split()[0]
+    return kind
+
+
 def privileges() -> str:
     """A skip reason from doctor()'s facts about this process."""
     s = report().system
