@@ -25,7 +25,8 @@ _DIR = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0) | getattr(os, 
 # Where the *at calls exist (not Windows): else the callers use the paths.
 usable = hasattr(os, "O_DIRECTORY") and os.open in os.supports_dir_fd
 
-Visit = Callable[[int, str, os.stat_result], None]
+# visit(the directory's fd, an entry's name in it, whether it is a directory)
+Visit = Callable[[int, str, bool], None]
 T = TypeVar("T")
 
 
@@ -63,7 +64,7 @@ def _open_dir(fd: int, name: str, open_up: bool) -> int:
 
 
 def walk(path: str, visit: Visit, *, open_up: bool = False) -> bool:
-    """visit(dir_fd, name, lstat) for every entry under `path`, each
+    """visit(dir_fd, name, is_dir) for every entry under `path`, each
     directory after what is in it; `path` itself is not visited.  With
     `open_up`, what cannot be searched or opened is made so (chmod 0700;
     the removal's).  False if the walk stopped early: `path` could not be
@@ -84,56 +85,55 @@ def walk(path: str, visit: Visit, *, open_up: bool = False) -> bool:
     except OSError:
         return False
     # Each level above the current one: (its name in its parent, its
-    # identity, its lstat, the names still to visit in it).
-    stack: list[tuple[str, tuple[int, int], os.stat_result | None, list[str]]] = []
-    here: tuple[str, tuple[int, int], os.stat_result | None] = ("", _ident(os.fstat(fd)), None)
+    # identity, the entries still to visit in it).
+    stack: list[tuple[str, tuple[int, int], list[tuple[str, bool]]]] = []
+    here: tuple[str, tuple[int, int]] = ("", _ident(os.fstat(fd)))
     try:
-        names = os.listdir(fd)
+        entries = _list(fd, open_up)
         while True:
-            if names:
-                name = names.pop()
-                try:
-                    st = _lstat(fd, name, open_up)
-                except OSError:
-                    continue  # gone, or not searchable and not ours to open up
-                if not stat.S_ISDIR(st.st_mode):
-                    visit(fd, name, st)
+            if entries:
+                name, is_dir = entries.pop()
+                if not is_dir:
+                    visit(fd, name, False)
                     continue
                 try:
                     child = _open_dir(fd, name, open_up)
                 except OSError:
-                    visit(fd, name, st)  # as it is: what is in it stays
+                    visit(fd, name, True)  # as it is: what is in it stays
                     continue
-                stack.append((*here, names))
+                stack.append((*here, entries))
                 os.close(fd)
                 fd = child
-                here = (name, _ident(os.fstat(fd)), st)
-                names = _list(fd, open_up)
+                here = (name, _ident(os.fstat(fd)))
+                entries = _list(fd, open_up)
                 continue
             if not stack:
                 return True
             up = os.open("..", _DIR, dir_fd=fd)
             os.close(fd)
             fd = up
-            done_name, _done_ident, done_st = here
-            parent_name, parent_ident, parent_st, names = stack.pop()
+            done = here[0]
+            parent_name, parent_ident, entries = stack.pop()
             if _ident(os.fstat(fd)) != parent_ident:
                 return False  # moved meanwhile: ".." is not where we came from
-            assert done_st is not None
-            visit(fd, done_name, done_st)
-            here = (parent_name, parent_ident, parent_st)
+            visit(fd, done, True)
+            here = (parent_name, parent_ident)
     except OSError:
         return False
     finally:
         os.close(fd)
 
 
-def _lstat(fd: int, name: str, open_up: bool) -> os.stat_result:
-    return _retry(fd, open_up, lambda: os.stat(name, dir_fd=fd, follow_symlinks=False))
+def _list(fd: int, open_up: bool) -> list[tuple[str, bool]]:
+    """(name, is a directory) of each entry of directory `fd`: its type as
+    the listing gives it (a stat only where the filesystem gives none),
+    taken now, while `fd` is the one they were listed from."""
 
+    def listing() -> list[tuple[str, bool]]:
+        with os.scandir(fd) as it:
+            return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
 
-def _list(fd: int, open_up: bool) -> list[str]:
-    return _retry(fd, open_up, lambda: os.listdir(fd))
+    return _retry(fd, open_up, listing)
 
 
 def remove_tree(path: str) -> bool:
@@ -143,10 +143,10 @@ def remove_tree(path: str) -> bool:
 
     removed = 0
 
-    def remove(fd: int, name: str, st: os.stat_result) -> None:
+    def remove(fd: int, name: str, is_dir: bool) -> None:
         nonlocal removed
         try:
-            if stat.S_ISDIR(st.st_mode):
+            if is_dir:
                 _retry(fd, True, lambda: os.rmdir(name, dir_fd=fd))
             else:
                 _retry(fd, True, lambda: os.unlink(name, dir_fd=fd))
@@ -194,9 +194,13 @@ def tree_size(path: str) -> int:
     total = 0
     seen: set[tuple[int, int]] = set()
 
-    def count(_fd: int, _name: str, st: os.stat_result) -> None:
+    def count(fd: int, name: str, is_dir: bool) -> None:
         nonlocal total
-        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return
+        if st.st_nlink > 1 and not is_dir:
             if _ident(st) in seen:
                 return
             seen.add(_ident(st))
