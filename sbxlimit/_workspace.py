@@ -5,9 +5,9 @@ Named ``sbxlimit-<sandbox id>-*`` in the temp directory, and made under
 the owner lock this process holds there (``_owner``), so that the next
 process's supervisor (and ``sbxlimit gc``) finds and removes what a
 crashed or killed one left, whatever PID namespace it ran in.  What the
-program writes there
-stays readable by the caller until the sandbox is closed (the end of its
-``with`` block, or ``Popen.close()``); then it is removed, unless
+program writes there stays readable by the caller until the sandbox is
+closed (the end of its ``with`` block, or ``Popen.close()``); then it is
+removed (``_fstree``: however deep the program made it), unless
 ``Policy(keep_workdir=True)``.  ``disk`` is held by a size-capped tmpfs
 over it in the sandbox's own mount namespace where one can be made
 (``_namespaces``), else by sampling its size.
