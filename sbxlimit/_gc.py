@@ -258,7 +258,7 @@ def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = F
             continue
         names = [n for n in by_owner.get(pid, []) if _ours(os.path.join(tmp, n))]
         if dry_run:
-            if claim_and_let_go(tmp, pid):
+            if _nobody_holds(tmp, pid):
                 removed += [f"workspace {os.path.join(tmp, n)}" for n in names]
                 locks.append(f"workspace lock {lock}")
             continue
@@ -335,7 +335,7 @@ def _rmdir_claimed(tmp: str, pid: int, lock: str) -> bool:
         let_go(fd)
 
 
-def claim_and_let_go(tmp: str, pid: int) -> bool:
+def _nobody_holds(tmp: str, pid: int) -> bool:
     """Nobody holds `pid`'s lock in `tmp` (a dry run's question)."""
     fd = claim(tmp, pid, WORKSPACE_PREFIX)
     if fd is not None:
