@@ -460,7 +460,36 @@ class CgroupStats:
     throttled_periods: int | None = None
     throttled_seconds: float | None = None
     oom_kills: int = 0
+    # OOM kills here that the sandbox's own limit did not cause: memory ran
+    # out above it (a parent cgroup's limit, the host) and the kernel's
+    # OOM killer chose its victim among the sandbox's processes.
+    oom_kills_outside: int = 0
     pids_refused: int = 0
+
+
+def _own_limit_reached(get: Callable[[str, str], str]) -> bool:
+    """v1, once an OOM kill is counted: did the sandbox's own limit run out?
+
+    Its own counter refused a charge (``memory.failcnt``), or its peak came
+    within a few charges of its limit.  The peak is needed because newer
+    kernels (6.16+) keep no ``memory.memsw.failcnt``, and memory+swap is
+    the counter charged first, so the one refused where both limits are
+    set.  A figure that cannot be read says yes: the kill is then judged
+    the sandbox's own, as before these were read."""
+    failcnt = get("memory", "memory.failcnt").strip()
+    if not failcnt.isdigit() or int(failcnt) > 0:
+        return True
+    limit = get("memory", "memory.limit_in_bytes").strip()
+    peaks = [
+        get("memory", f).strip()
+        for f in ("memory.max_usage_in_bytes", "memory.memsw.max_usage_in_bytes")
+    ]
+    if not limit.isdigit() or not peaks[0].isdigit():
+        return True
+    # A refused charge is at most a huge page (512 pages) past the peak; a
+    # limit's last 1/64 is the same "reached" on small limits.
+    slack = max(4 << 20, int(limit) // 64)
+    return max(int(p) for p in peaks if p.isdigit()) >= int(limit) - slack
 
 
 def _kv(text: str) -> dict[str, int]:
@@ -1284,7 +1313,8 @@ class Cgroup:
                     s.throttled_periods = cpu["nr_throttled"]
                     s.throttled_seconds = cpu.get("throttled_time", 0) / 1e9
         if evidence:
-            s.oom_kills, s.pids_refused, _cpu = self.counters(("memory", "pids"), get)
+            s.oom_kills, s.oom_kills_outside = self.oom_kills(get)
+            s.pids_refused = self.counters(("pids",), get)[1]
         return s
 
     def counters(
@@ -1300,8 +1330,7 @@ class Cgroup:
         get = get or self._get
         for field in which:
             if field == "memory":
-                text = get("memory", "memory.events" if v2 else "memory.oom_control")
-                oom = _kv(text).get("oom_kill", 0)
+                oom = self.oom_kills(get)[0]
             elif field == "pids":
                 refused = _kv(get("pids", "pids.events")).get("max", 0)
                 blocked = self.forks_blocked_at  # read after the file: see _block_forks
@@ -1314,6 +1343,27 @@ class Cgroup:
                 ns = get("cpuacct", "cpuacct.usage").strip()
                 cpu = int(ns) / 1e9 if ns.isdigit() else None
         return oom, refused, cpu
+
+    def oom_kills(self, get: Callable[[str, str], str] | None = None) -> tuple[int, int]:
+        """(OOM kills the sandbox's own limit caused, those it did not).
+
+        The kernel counts a kill where its victim lived, whichever limit
+        ran out: a parent cgroup's limit, or the host's memory, also kills
+        in here.  Its own limit leaves a trace of its own: v2 counts
+        ``oom`` (hierarchically, never from above) in ``memory.events``;
+        v1 a refused charge or a peak at the limit, read only once a kill
+        is counted (_own_limit_reached).  On v1 a sandbox whose own limit
+        was reached earlier (page cache reclaimed there) cannot be told
+        apart: its kills count as its own."""
+        get = get or self._get
+        if self.site.version == 2:
+            events = _kv(get("memory", "memory.events"))
+            kills = events.get("oom_kill", 0)
+            own = events.get("oom", 0) > 0
+        else:
+            kills = _kv(get("memory", "memory.oom_control")).get("oom_kill", 0)
+            own = kills > 0 and _own_limit_reached(get)
+        return (kills, 0) if own else (0, kills)
 
     def open_events(self, fields: Iterable[str], warn_at: int | None = None) -> list[str]:
         """Fds that tell the supervisor a limit was hit, so that it need not

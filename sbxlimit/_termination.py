@@ -255,6 +255,7 @@ def classify(
     pids_limit: int | None = None,
     oom_kills: int = 0,
     pids_refused: int = 0,
+    oom_kills_outside: int = 0,
     disk_limit: int | None = None,
     disk_full: bool = False,
     tolerate: Iterable[str] = (),
@@ -265,8 +266,11 @@ def classify(
     `oom_kills` and `pids_refused` are the cgroup's event counters
     (memory.events oom_kill, pids.events max): a limit that was hit is in
     ``hits`` whatever happened next, and is the reason when the program
-    then failed.  `disk_full`: the size-capped tmpfs workspace was full at
-    the end (writes past it failed with ENOSPC)."""
+    then failed.  `oom_kills_outside`: OOM kills in the sandbox that its
+    own limit did not cause (memory ran out above it): no limit of the
+    sandbox's, so never its verdict, but said in the message.
+    `disk_full`: the size-capped tmpfs workspace was full at the end
+    (writes past it failed with ENOSPC)."""
     hit = set(hits)
     sig = -returncode if returncode < 0 else None
     cpu_used = usage.cpu_total
@@ -346,10 +350,14 @@ def classify(
 
     hits_t = tuple(r for r in REASONS if r in hit)
     on_the_way = _on_the_way(hit, oom_kills, pids_refused)
+    outside = _outside(oom_kills_outside, memory_limit, usage.memory_peak)
     if sig is not None:
         message = f"{program} was killed by {_signame(sig)} ({sig})."
         if killed_by_caller:
             message += " kill_tree() was called."
+        elif sig == _signal.SIGKILL and outside:
+            message += outside
+            outside = ""
         elif sig == _signal.SIGKILL:
             message += (
                 " Nothing in sbxlimit sent it; the kernel's OOM killer or another process may have."
@@ -362,9 +370,9 @@ def classify(
                 ("memory", "address_space"),
             )
         return Termination(
-            "signaled", None, None, None, message + on_the_way, returncode, sig, hits_t
+            "signaled", None, None, None, message + on_the_way + outside, returncode, sig, hits_t
         )
-    message = f"{program} exited with status {returncode}.{on_the_way}"
+    message = f"{program} exited with status {returncode}.{on_the_way}{outside}"
     if returncode == 127:
         message += _tight(
             enforced,
@@ -400,6 +408,22 @@ def _tight(
 # Without a cgroup, a failed program whose memory (sampled, or its reaped
 # peak) reached this share of the limit ran out of it (RLIMIT_DATA).
 DATA_EVIDENCE = 0.75
+
+
+def _outside(kills: int, memory_limit: int | None, peak: int | None) -> str:
+    """OOM kills in the sandbox that its own limit did not cause: who ran
+    out of memory, and what to do."""
+    if not kills:
+        return ""
+    own = ""
+    if memory_limit is not None:
+        used = f"; its peak: {format_bytes(peak)}" if peak is not None else ""
+        own = f", not at the sandbox's own limit of {format_bytes(memory_limit)}{used}"
+    return (
+        f" The kernel's OOM killer killed {kills:,} of its processes: memory ran out"
+        f" above the sandbox (a cgroup above it, or the host){own}."
+        " Give the machine or that cgroup more memory, or run fewer sandboxes at once."
+    )
 
 
 def _on_the_way(hit: set[str], oom_kills: int, pids_refused: int, reason: str = "") -> str:
@@ -503,6 +527,7 @@ class Outcome:
                 killed_by_caller=e.killed_by_caller,
                 pids_limit=lim.pids if lim else None,
                 oom_kills=e.cgroup.oom_kills if e.cgroup is not None else 0,
+                oom_kills_outside=e.cgroup.oom_kills_outside if e.cgroup is not None else 0,
                 pids_refused=e.cgroup.pids_refused if e.cgroup is not None else 0,
                 disk_limit=lim.disk if lim else None,
                 disk_full=e.disk_full,

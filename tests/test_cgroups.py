@@ -1111,10 +1111,11 @@ def test_an_owner_lock_nobody_holds_does_not_give_away_a_live_owner_s_cgroups():
     assert last.split()[0] == "0" and last.split()[1].startswith("cgroup"), last
 
 
-@needs_cgroup
-def test_explicit_parent():
-    # A parent of our own, as an operator would delegate one (v1: the same
-    # relative path in every hierarchy).
+@contextlib.contextmanager
+def parent_of_our_own(memory: int | None = None):
+    """A cgroup parent of our own, as an operator would delegate one (v1:
+    the same relative path in every hierarchy); yields the path to pass as
+    cgroup_parent, then the directories made.  `memory`: its own limit."""
     name = f"test-parent-{os.getpid()}"
     if SITE.version == 2:
         made = [os.path.join(v2_parent(), name)]
@@ -1128,21 +1129,75 @@ def test_explicit_parent():
         if SITE.version == 2:
             with open(os.path.join(made[0], "cgroup.subtree_control"), "w") as f:
                 f.write("+pids +memory")
-        p = sbxlimit.Popen(["sleep", "10"], limits=Limits(pids=8), cgroup_parent=made[0])
+        if memory is not None:
+            v2 = SITE.version == 2
+            mem = made[0] if v2 else next(d for d in made if os.path.exists(f"{d}/memory.stat"))
+            with open(os.path.join(mem, "memory.max" if v2 else "memory.limit_in_bytes"), "w") as f:
+                f.write(str(memory))
+        yield made[0], made
+    finally:
+        get_monitor().drain(5)
+        for d in made:
+            os.rmdir(d)
+
+
+@needs_cgroup
+def test_explicit_parent():
+    with parent_of_our_own() as (parent, made):
+        p = sbxlimit.Popen(["sleep", "10"], limits=Limits(pids=8), cgroup_parent=parent)
         with p:
             try:
                 dirs = set(p._sbx.cgroup.dirs.values())
                 assert dirs and {os.path.dirname(d) for d in dirs} <= set(made)
-                assert os.path.join(made[0], f"sbx-{p.sandbox_id}") in dirs
+                assert os.path.join(parent, f"sbx-{p.sandbox_id}") in dirs
                 assert p.enforced["pids"] == f"{SITE.label}:pids.max"
             finally:
                 p.kill_tree(grace=0)
         assert get_monitor().drain(5)
         assert not [n for d in made for n in os.listdir(d) if n.startswith("sbx-")]
-    finally:
-        get_monitor().drain(5)
-        for d in made:
-            os.rmdir(d)
+
+
+# 160 MiB, touched page by page: past a 64 MiB parent, below the sandbox's 512.
+_BIG = "x = bytearray(160 << 20); x[::4096] = b'a' * len(x[::4096])"
+_CHILD_BIG = f"""
+import subprocess, sys
+r = subprocess.run([sys.executable, "-c", {_BIG!r}])
+print("survived", r.returncode, flush=True)
+"""
+
+
+@needs_cgroup
+@pytest.mark.parametrize("victim", ["the leader", "a child"])
+def test_an_oom_kill_a_limit_above_the_sandbox_caused_is_not_its_memory_verdict(victim):
+    # The kernel counts an OOM kill where its victim lived, whichever
+    # limit ran out: here the parent's.  The sandbox stayed under its own
+    # limit, so `memory` is no verdict of its; the message says who ran out.
+    code = _BIG if victim == "the leader" else _CHILD_BIG
+    with parent_of_our_own(memory=64 << 20) as (parent, _made):
+        r = py(
+            code,
+            limits=Limits(memory="512Mi", wall_time=60),
+            cgroup_parent=parent,
+            capture_output=True,
+            text=True,
+        )
+    t = r.termination
+    assert "memory" not in t.hits and t.reason != "memory", t
+    assert "ran out above the sandbox" in t.message and "512 MiB" in t.message, t
+    if victim == "a child" and SITE.version == 1:
+        # v1 kills the one process: the sandbox goes on, as its program chose.
+        assert r.stdout == "survived -9\n" and t.reason == "exited" and r.returncode == 0, (t, r)
+    else:  # v2 ends the whole sandbox (memory.oom.group), as the kernel chose
+        assert t.reason == "signaled" and t.signal == signal.SIGKILL, t
+
+
+@needs_cgroup
+def test_the_sandbox_s_own_limit_under_a_limited_parent_is_its_memory_verdict():
+    with parent_of_our_own(memory=64 << 20) as (parent, _made):
+        r = py(_BIG, limits=Limits(memory="32Mi", wall_time=60), cgroup_parent=parent)
+    t = r.termination
+    assert t.reason == "memory" and t.limit == 32 << 20, t
+    assert "above the sandbox" not in t.message, t
 
 
 MOVE_SELF = """
