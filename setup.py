@@ -93,7 +93,8 @@ if os.environ.get("SBXLIMIT_DEBUG"):
 # the linker).  Linux: the reaper a PID namespace's PID 1 execs, so that it
 # need not be a fork() of the caller: without libc where the architecture
 # allows (its start-up runs while the target does), else static (an exec of
-# it is then the cheapest; without the reaper, PID 1 is fork()ed).  macOS:
+# it is then the cheapest; without the reaper, PID 1 is fork()ed); and the
+# sentinel that ends a killed process's sandboxes (_sentinel.py).  macOS:
 # the program a sandbox's target is exec'd through, which applies the
 # Seatbelt profile and reports a refusal (csrc/darwin/seatbelt_exec.c).
 PID1_BARE = [
@@ -107,7 +108,10 @@ PID1_BARE = [
     "-s",
 ]
 HELPERS = {
-    "linux": [("_pid1", ["csrc/linux/pid1.c"], [PID1_BARE, ["-static", "-s"], ["-s"]])],
+    "linux": [
+        ("_pid1", ["csrc/linux/pid1.c"], [PID1_BARE, ["-static", "-s"], ["-s"]]),
+        ("_sentinel", ["csrc/linux/sentinel.c"], [["-s"]]),
+    ],
     "darwin": [
         (
             "_seatbelt_exec",

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from . import _core, _owner
+from . import _core, _owner, _sentinel
 from ._cgroupfs import mounts, own_cgroups
 from ._exit import CGROUPS, at_exit
 from ._once import Once
@@ -677,6 +677,7 @@ class Cgroup:
     def create(cls, site: Site, name: str, settings: Iterable[tuple[str, str, str]]) -> Cgroup:
         """mkdir and limit; on any failure, undo and raise OSError naming the
         file."""
+        _sentinel.announce(site)  # what ends it should this process be killed
         cg = cls(site, name)
         settings = tuple(settings)
         skip = _v1_unneeded(site, settings)

@@ -46,6 +46,7 @@ from . import (
     _platform,
     _protected,
     _seatbelt,
+    _sentinel,
     _workspace,
     audit,
 )
@@ -424,6 +425,8 @@ class Sandbox:
             cg_procs: list[int] = []
             if p.site is not None:
                 cg = self.cgroup = self._make_cgroup(p.site, p.cgroup_settings)
+                if self.die_with_parent is False:
+                    _sentinel.keep(cg.name)  # not ended if we are killed
                 try:
                     cg_procs = cg.procs_fds()
                 except OSError as e:

@@ -213,6 +213,14 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _children_left() -> set[int]:
+    """Our descendants but for the sentinel, which waits for our exit
+    (_sentinel)."""
+    from sbxlimit import _sentinel
+
+    return _children(os.getpid()) - {_sentinel.sentinel_pid()}
+
+
 def settled_fds(timeout: float = 3.0) -> set[str]:
     """This process's open fds once the supervisor has let go of the pidfds
     of sandboxes already reaped (it closes them on its own thread), and its
@@ -401,9 +409,9 @@ def no_leaks():
     # a leak: it goes at exit, or now.
     get_monitor().drain(_SLACK)
     deadline = time.monotonic() + _SLACK
-    while _children(os.getpid()) and time.monotonic() < deadline:
+    while _children_left() and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = _children(os.getpid())
+    left = _children_left()
     # The monitor closes a leader's pidfd when it sees the exit: give it a moment.
     deadline = time.monotonic() + _SLACK
     while _new_fds(before_fds) and time.monotonic() < deadline:

@@ -1,5 +1,5 @@
-"""Runs tests/test_cgroups.py (and, in one guest, tests/test_verdicts.py and
-tests/test_scale.py: v2's kernfs events)
+"""Runs tests/test_cgroups.py and tests/test_sentinel.py (and, in one guest,
+tests/test_verdicts.py and tests/test_scale.py: v2's kernfs events)
 under a real cgroup v2 kernel, and
 tests/test_escapes.py and tests/test_file_rules.py under a kernel without
 Landlock.
@@ -73,7 +73,7 @@ def test_cgroup_suite_under_cgroup2():
         pytest.skip(why)
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     pytest_cmd += ["-p", "no:randomly"]
-    cgroups = [os.path.join(HERE, "test_cgroups.py")]
+    cgroups = [os.path.join(HERE, f) for f in ("test_cgroups.py", "test_sentinel.py")]
     verdicts = [os.path.join(HERE, f) for f in ("test_verdicts.py", "test_scale.py")]
     escapes = [
         os.path.join(HERE, f)

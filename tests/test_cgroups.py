@@ -833,11 +833,15 @@ def test_a_fork_s_child_never_reaches_a_cgroup_through_its_parent_s_anchors(tmp_
 @needs_cgroup
 def test_crashed_supervisors_leftovers_are_collected(tmp_path):
     # A supervisor that dies without cleaning up: its sandbox dies with it
-    # (die_with_parent), its cgroup stays behind, empty.
+    # (die_with_parent), its cgroup stays behind, empty.  Its sentinel is
+    # killed first (a kill of everything the user runs): gc is what is left.
     code = """
-        import os, sbxlimit
+        import os, signal, sbxlimit
+        from sbxlimit import _sentinel
         p = sbxlimit.Popen(["sleep", "30"], limits=sbxlimit.Limits(pids=8))
         print(p._sbx.cgroup.name, flush=True)
+        if _sentinel.sentinel_pid():
+            os.kill(_sentinel.sentinel_pid(), signal.SIGKILL)
         os._exit(0)
     """
 

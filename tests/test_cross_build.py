@@ -97,7 +97,7 @@ def test_linux_core_compiles_for_aarch64(tmp_path):
 def test_the_reaper_links_without_libc_for_linux(target, machine, tmp_path):
     # sbxlimit/_pid1 as setup.py builds it first: its own _start and raw
     # system calls, for each architecture that has them.
-    ((name, srcs, ways),) = _setup_py().helpers("linux")
+    name, srcs, ways = _linux_helper("_pid1")
     out = str(tmp_path / name)
     inc = ["-I", os.path.join(ROOT, "csrc")]
     src = [os.path.join(ROOT, s) for s in srcs]
@@ -107,6 +107,23 @@ def test_the_reaper_links_without_libc_for_linux(target, machine, tmp_path):
         elf = f.read()
     assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == machine
     assert b"GLIBC" not in elf and b"/ld-linux" not in elf  # no libc, no loader
+
+
+def _linux_helper(name: str) -> tuple[str, list[str], list[list[str]]]:
+    return next(h for h in _setup_py().helpers("linux") if h[0] == name)
+
+
+def test_the_sentinel_links_for_aarch64(tmp_path):
+    # sbxlimit/_sentinel (libc's): its system calls by number where a libc's
+    # headers lack them.
+    name, srcs, ways = _linux_helper("_sentinel")
+    out = str(tmp_path / name)
+    inc = ["-I", os.path.join(ROOT, "csrc")]
+    src = [os.path.join(ROOT, s) for s in srcs]
+    _zig("aarch64-linux-gnu", *FLAGS, "-Os", *inc, *ways[0], *src, "-o", out, cwd=str(tmp_path))
+    with open(out, "rb") as f:
+        elf = f.read()
+    assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == 183
 
 
 @pytest.mark.parametrize("target", ["aarch64-macos", "x86_64-macos"])

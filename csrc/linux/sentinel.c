@@ -1,0 +1,133 @@
+/* linux/sentinel.c -- what ends a process's sandboxes once it was killed.
+ *
+ * A sandbox with a cgroup and no PID namespace outlives a caller killed
+ * with SIGKILL: its leader dies of the parent-death signal, but what it
+ * started stays in the cgroup, past its wall_time, with nobody left to end
+ * it.  So a process starts this program once, at its first sandbox cgroup:
+ *
+ *     _sentinel OWNER_PID PYTHON CODE ARG     (stdin: a pipe from the owner)
+ *
+ * in a session of its own (a kill of the owner's process group leaves it).
+ * The owner writes a line for each cgroup site it makes sandboxes in and
+ * for each sandbox meant to outlive it, and "done" as it ends with nothing
+ * of its own left.  This program only collects those lines until the owner
+ * is gone (a pidfd, Linux 5.3).  Without "done" then, it execs
+ * PYTHON -c CODE ARG with the lines as its stdin: the package's own cgroup
+ * code ends and removes what is left (sbxlimit/_sentinel.py).  Idle, it is
+ * a process blocked in poll(), with no Python in it. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434 /* the same on every architecture */
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+#define TEXT_MAX (64u << 20) /* a bound on what an owner may say */
+
+static char *text;
+static size_t len, cap;
+
+/* Reads what fd 0 has; returns 0 at its end (or on an error), 1 when more
+ * may come later. */
+static int take(void)
+{
+    for (;;) {
+        if (len == cap) {
+            size_t more = cap ? cap * 2 : 4096;
+            char *grown = more <= TEXT_MAX ? realloc(text, more) : NULL;
+            if (grown == NULL)
+                return 0; /* what was said so far stands */
+            text = grown;
+            cap = more;
+        }
+        ssize_t n = read(0, text + len, cap - len);
+        if (n > 0) {
+            len += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        return n < 0 && errno == EAGAIN;
+    }
+}
+
+/* The owner's last line was "done": it ended with nothing left. */
+static int said_done(void)
+{
+    static const char done[] = "done\n";
+    size_t n = sizeof done - 1;
+    return len >= n && memcmp(text + len - n, done, n) == 0 &&
+           (len == n || text[len - n - 1] == '\n');
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 5)
+        return 2;
+    /* Nothing of the owner's but the pipe: an fd it let us inherit (a
+     * pipe's end someone reads to its end) must not wait for us, nor its
+     * working directory's mount. */
+    if (syscall(SYS_close_range, 3, ~0u, 0) != 0)
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+    if (chdir("/") != 0)
+        return 2;
+    pid_t owner = (pid_t)strtol(argv[1], NULL, 10);
+    int pidfd = (int)syscall(SYS_pidfd_open, owner, 0);
+    if (pidfd < 0 && errno != ESRCH)
+        return 3; /* nothing to watch with: the owner checked the kernel */
+    /* Opened before this check, the pidfd is the owner's: a pid reused since
+     * would have made us another process's child. */
+    int gone = pidfd < 0 || getppid() != owner;
+    fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK);
+    struct pollfd fds[2] = {{0, POLLIN, 0}, {pidfd, POLLIN, 0}};
+    while (!gone) {
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            return 4;
+        }
+        if (fds[0].revents) {
+            if (!take())
+                fds[0].fd = -1; /* closed: the pidfd alone says when */
+            if (said_done())
+                return 0;
+        }
+        gone = fds[1].revents != 0;
+    }
+    take(); /* what it wrote last */
+    if (said_done())
+        return 0;
+    int m = (int)syscall(SYS_memfd_create, "sbxlimit-sentinel", 0);
+    if (m < 0)
+        return 5;
+    for (size_t at = 0; at < len;) {
+        ssize_t n = write(m, text + at, len - at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return 5;
+        at += (size_t)n;
+    }
+    if (lseek(m, 0, SEEK_SET) != 0 || dup2(m, 0) != 0)
+        return 5;
+    close(m);
+    if (pidfd >= 0)
+        close(pidfd);
+    char *args[] = {argv[2], "-S", "-E", "-c", argv[3], argv[4], NULL};
+    execv(argv[2], args);
+    return 6;
+}

@@ -1,0 +1,241 @@
+"""The sentinel: what ends this process's sandboxes if this process is killed.
+
+A sandbox with a cgroup and no PID namespace outlived a caller killed with
+SIGKILL: its leader died of the parent-death signal, but what it had
+started stayed in the cgroup, past ``wall_time``, and nothing ended it.
+(With a PID namespace the kernel ends them with PID 1.)
+
+So a process starts a small program of the package (``_sentinel``, see
+csrc/linux/sentinel.c) at its first sandbox cgroup, once, in a session of
+its own, with a pipe it alone writes to:
+
+* ``site <json>``: a cgroup site this process makes sandboxes in;
+* ``keep <name>``: a sandbox meant to outlive it (``die_with_parent=False``);
+* ``done``: it ends with nothing of its own left (written at exit).
+
+The program waits in ``poll()`` for this process to be gone (a pidfd).
+Without ``done`` by then, it runs :func:`ended` in a new interpreter, with
+those lines as its input: every cgroup of this process's sites that is not
+kept is killed (``cgroup.kill``, or the v1 kill loop that stops forks
+first) and removed.  The pipe only says where to look: what is killed is
+named after this process's pid, which the sentinel, its child, shares a
+PID namespace with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ._exit import WORKSPACES, at_exit
+
+if TYPE_CHECKING:
+    from ._cgroup import Site
+
+__all__ = ["announce", "ended", "keep"]
+
+PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sentinel")
+# What the sentinel runs once this process is gone: this package, wherever
+# it was imported from, and nothing of the environment's Python settings.
+_CODE = "import sys; sys.path.insert(0, sys.argv[1]); from sbxlimit._sentinel import ended; ended()"
+
+_lock = threading.Lock()
+_owner = 0  # the pid the sentinel watches: a fork's child has none
+_fd = -1  # our end of its pipe
+_pid = 0  # the sentinel's
+# This process's, by id(): told to the sentinel, and again to a new one.
+_sites: dict[int, Site] = {}
+_kept: set[str] = set()
+_refused = False  # no sentinel can run here (the program, the kernel)
+
+
+def announce(site: Site) -> None:
+    """A sandbox cgroup is about to be made at `site`: the sentinel (started
+    now, once) will end what is left there if this process is killed.  A
+    dict lookup once announced."""
+    if _sites.get(id(site)) is site and _owner == os.getpid():
+        return
+    with _lock:
+        _sites[id(site)] = site
+        if _owner == os.getpid():
+            _say(_site_line(site))
+        else:
+            _start()  # says every site, this one included
+
+
+def keep(name: str) -> None:
+    """The sandbox cgroup `name` is to outlive this process."""
+    with _lock:
+        _kept.add(name)
+        if _owner == os.getpid():
+            _say(f"keep {name}")
+
+
+def _site_line(site: Site) -> str:
+    parents = [list(p) for p in site.parents]
+    return "site " + json.dumps({"version": site.version, "parents": parents})
+
+
+def _start() -> None:
+    """(_lock held.)  Start the sentinel and tell it all it needs to know."""
+    global _owner, _fd, _pid, _refused
+    if _refused:
+        return
+    if not os.access(PROGRAM, os.X_OK) or not hasattr(os, "pidfd_open"):
+        _refused = True
+        return
+    r, w = os.pipe()
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        # posix_spawn: a vfork, whatever this process's size.  The program
+        # closes what it inherits but its pipe, and leaves our directory.
+        pid = os.posix_spawn(
+            PROGRAM,
+            [PROGRAM, str(os.getpid()), sys.executable, _CODE, _package_parent()],
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, r, 0),
+                # Not our output: whoever reads it to its end would wait
+                # for the sentinel too.
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+            ],
+            setsid=True,  # a kill of our process group leaves it
+        )
+    except OSError:
+        os.close(w)
+        _refused = True  # Linux < 5.3 (no pidfd), or no process to spare
+        return
+    finally:
+        os.close(r)
+    _fd, _pid, _owner = w, pid, os.getpid()
+    lines = [f"owner {os.getpid():x}", *map(_site_line, _sites.values())]
+    _say("\n".join([*lines, *(f"keep {n}" for n in sorted(_kept))]))
+
+
+def _package_parent() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _say(text: str) -> None:
+    """(_lock held.)  A line or more to the sentinel.  Should it be gone
+    (killed), a new one is started at the next announce, told it all."""
+    global _owner, _pid, _fd
+    data = (text + "\n").encode()
+    try:
+        while data:
+            data = data[os.write(_fd, data) :]
+    except OSError:
+        os.close(_fd)
+        _reap()
+        _owner, _pid, _fd = 0, 0, -1
+
+
+def _reap() -> None:
+    try:
+        os.waitpid(_pid, os.WNOHANG)
+    except OSError:
+        pass
+
+
+def sentinel_pid() -> int | None:
+    """The sentinel's pid in this process, if one runs (for tests)."""
+    return _pid if _owner == os.getpid() else None
+
+
+@at_exit(WORKSPACES)
+def _done_at_exit() -> None:
+    """(At exit, once the sandboxes and cgroups have been dealt with.)  Tell
+    the sentinel it has nothing to do, unless something of ours is left:
+    a sandbox that would not die in the exit's time goes with the
+    sentinel's kill once we are gone."""
+    global _fd, _owner
+    with _lock:
+        if _owner != os.getpid():
+            return
+        if not _left_here(_sites.values(), f"{os.getpid():x}", _kept):
+            _say("done")
+        if _owner == os.getpid():
+            os.close(_fd)
+        _owner, _fd = 0, -1
+
+
+def _left_here(sites: object, owner: str, kept: set[str]) -> list[tuple[Site, str]]:
+    """(site, name) of the sandbox cgroups of `owner` (pid hex) at `sites`
+    that are not `kept`."""
+    ours = re.compile(rf"sbx-{owner}-[0-9]+")
+    found = []
+    for site in sites:  # type: ignore[attr-defined]
+        names: set[str] = set()
+        for _c, parent in site.parents:
+            try:
+                names.update(n for n in os.listdir(parent) if ours.fullmatch(n))
+            except OSError:
+                pass
+        found += [(site, n) for n in sorted(names - kept)]
+    return found
+
+
+def _forget_after_fork() -> None:
+    """A fork's child is not the process the sentinel watches: it starts one
+    of its own at its first sandbox cgroup.  (Its copy of the lock may be
+    held: a new one.)"""
+    global _owner, _fd, _pid, _lock
+    _lock = threading.Lock()
+    if _fd >= 0:
+        try:
+            os.close(_fd)
+        except OSError:
+            pass
+    _owner, _fd, _pid = 0, -1, 0
+    _sites.clear()
+    _kept.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def ended() -> None:
+    """(In the sentinel's interpreter, its owner gone.)  End and remove every
+    sandbox cgroup the owner left at its sites, but those it kept."""
+    from ._cgroup import Cgroup, Site
+    from ._gc import collect_cgroups
+
+    owner = None
+    sites: list[Site] = []
+    kept: set[str] = set()
+    for line in sys.stdin.read().splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "owner":
+            owner = rest
+        elif word == "site":
+            d = json.loads(rest)
+            parents = tuple((str(c), str(p)) for c, p in d["parents"])
+            sites.append(Site(int(d["version"]), parents))
+        elif word == "keep":
+            kept.add(rest)
+    if owner is None:
+        return
+    for site, name in _left_here(sites, owner, kept):
+        cg = Cgroup(site, name)
+        for ctrl, parent in site.parents:
+            path = os.path.join(parent, name)
+            if os.path.isdir(path):
+                cg.dirs[ctrl] = path
+        try:
+            cg.kill()
+        except OSError:
+            pass
+        # Its processes are gone once the kill returns; their parents (or
+        # init) reap them: the directories go once the kernel lets them.
+        deadline = time.monotonic() + 5.0
+        while not cg.remove() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    # The owner locks it held, and its pooled cgroups, where now free.
+    collect_cgroups({p for s in sites for _c, p in s.parents}, locked_only=True)

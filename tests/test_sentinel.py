@@ -1,0 +1,198 @@
+"""A caller killed with SIGKILL: what its sandboxes started is ended all the
+same (_sentinel), unless a sandbox was meant to outlive it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+
+import pytest
+
+from sbxlimit._cgroup import discover
+
+from .conftest import alive, wait_gone
+
+PY = sys.executable
+SITE = discover()
+pytestmark = [
+    pytest.mark.cgroup,
+    pytest.mark.skipif(
+        not SITE.version, reason=f"no cgroup here: {SITE.reason} (see `sbxlimit doctor`)"
+    ),
+]
+
+# The caller: a sandbox (a cgroup, no PID namespace) whose program starts a
+# grandchild that leaves its session and its parent; the caller prints the
+# grandchild's pid, its sandbox's cgroup name and its sentinel's pid, then
+# waits to be killed.
+CALLER = """
+import os, subprocess, sys, time
+import sbxlimit
+from sbxlimit import _sentinel
+
+prog = '''
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+        time.sleep(120)
+    os._exit(0)
+time.sleep(120)
+'''
+kw = {"die_with_parent": False} if os.environ.get("KEEP") else {}
+p = sbxlimit.Popen([sys.executable, "-c", prog], limits=sbxlimit.Limits(pids=16, wall_time=60),
+                   stdout=subprocess.PIPE, **kw)
+grandchild = p.stdout.readline().decode().strip()
+print(grandchild, p._sbx.cgroup.name, _sentinel.sentinel_pid(), flush=True)
+time.sleep(120)
+"""
+
+
+def start_caller(**env: str) -> tuple[subprocess.Popen[str], int, str, int]:
+    caller = subprocess.Popen(
+        [PY, "-c", CALLER],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+        start_new_session=True,  # a group of its own, which a test may kill whole
+    )
+    assert caller.stdout is not None
+    grandchild, name, sentinel = caller.stdout.readline().split()
+    return caller, int(grandchild), name, 0 if sentinel == "None" else int(sentinel)
+
+
+def cgroup_dirs(name: str) -> list[str]:
+    return [d for _c, p in SITE.parents if os.path.exists(d := os.path.join(p, name))]
+
+
+def owner_dirs(caller_pid: int) -> list[str]:
+    lock = f"sbx-{caller_pid:x}.owner"
+    return [d for _c, p in SITE.parents if os.path.exists(d := os.path.join(p, lock))]
+
+
+def settle(pids: list[int], dirs: Callable[[], list[str]], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (any(alive(p) for p in pids) or dirs()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("how", ["the caller", "the caller's process group"])
+def test_what_a_killed_caller_s_sandbox_started_is_ended(how: str) -> None:
+    caller, grandchild, name, sentinel = start_caller()
+    try:
+        assert alive(grandchild) and cgroup_dirs(name)
+        if how == "the caller":
+            caller.kill()
+        else:  # the sentinel has a session of its own: a group kill leaves it
+            os.killpg(caller.pid, signal.SIGKILL)
+        caller.wait()
+        # The leader dies of its parent-death signal; the grandchild only
+        # of the sentinel's kill.
+        settle([grandchild, sentinel], lambda: cgroup_dirs(name) + owner_dirs(caller.pid))
+        assert not alive(grandchild), "the grandchild outlived its killed caller"
+        assert cgroup_dirs(name) == [] and owner_dirs(caller.pid) == []
+        assert not alive(sentinel)
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()  # type: ignore[union-attr]
+        if alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_sandbox_meant_to_outlive_its_caller_is_not_ended() -> None:
+    caller, grandchild, name, sentinel = start_caller(KEEP="1")
+    try:
+        caller.kill()
+        caller.wait()
+        # Once the sentinel is done, what it kept still runs.
+        assert wait_gone([sentinel], timeout=10.0) == []
+        assert alive(grandchild) and cgroup_dirs(name)
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()  # type: ignore[union-attr]
+        for pid in _procs(name):
+            os.kill(pid, signal.SIGKILL)
+        settle([grandchild], lambda: [])
+        subprocess.run([PY, "-m", "sbxlimit", "gc"], check=True, capture_output=True)
+    assert cgroup_dirs(name) == []
+
+
+def _procs(name: str) -> list[int]:
+    pids: set[int] = set()
+    for d in cgroup_dirs(name):
+        with open(os.path.join(d, "cgroup.procs")) as f:
+            pids |= {int(x) for x in f.read().split()}
+    return sorted(pids)
+
+
+def test_the_sentinel_ends_with_its_caller_s_ordinary_exit() -> None:
+    code = textwrap.dedent(
+        """
+        import sbxlimit
+        from sbxlimit import _sentinel
+        sbxlimit.run(["true"], limits=sbxlimit.Limits(pids=8))
+        print(_sentinel.sentinel_pid(), flush=True)
+        """
+    )
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() != "None", "no sentinel was started"
+    sentinel = int(out)
+    assert wait_gone([sentinel], timeout=5.0) == []
+
+
+FORKED = """
+import os, subprocess, sys, time
+import sbxlimit
+from sbxlimit import _sentinel
+
+prog = (
+    "import os, time\\nif os.fork() == 0:\\n"
+    "    os.setsid(); print(os.getpid(), flush=True); time.sleep(120)\\n"
+    "time.sleep(120)"
+)
+
+def sandbox():
+    p = sbxlimit.Popen([sys.executable, "-c", prog], limits=sbxlimit.Limits(pids=16),
+                       stdout=subprocess.PIPE)
+    return p, int(p.stdout.readline())
+
+mine, my_grandchild = sandbox()
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(r)
+    _p, grandchild = sandbox()
+    os.write(w, f"{grandchild} {_sentinel.sentinel_pid()}".encode())
+    time.sleep(120)
+    os._exit(0)
+os.close(w)
+grandchild, its_sentinel = os.read(r, 100).decode().split()
+grandchild = int(grandchild)
+os.kill(child, 9)
+os.waitpid(child, 0)
+deadline = time.monotonic() + 10
+while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:
+    time.sleep(0.02)
+mine_alive = mine.poll() is None and os.path.exists(f"/proc/{my_grandchild}")
+ours = str(_sentinel.sentinel_pid())
+print(os.path.exists(f"/proc/{grandchild}"), its_sentinel != ours, mine_alive)
+mine.kill_tree()
+if os.path.exists(f"/proc/{grandchild}"):
+    os.kill(grandchild, 9)
+"""
+
+
+def test_a_fork_s_child_has_a_sentinel_of_its_own() -> None:
+    # The child's sandboxes are ended when it is killed; its parent's, whose
+    # sentinel it does not share, run on.
+    r = subprocess.run([PY, "-c", FORKED], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True", "True"], r.stdout
