@@ -503,7 +503,8 @@ def _check_pidfd() -> Check:
         "pidfd",
         _core.PROBE_PIDFD,
         "pidfd_open",
-        "Linux 5.3 or newer; without it a sandbox's exit is noticed at reap time",
+        "Linux 5.3 or newer; without it a sandbox's exit is noticed at reap time, and a"
+        " killed caller's sandboxes are not ended by its sentinel",
         DEGRADED,
     )
 

@@ -6,8 +6,10 @@ started stayed in the cgroup, past ``wall_time``, and nothing ended it.
 (With a PID namespace the kernel ends them with PID 1.)
 
 So a process starts a small program of the package (``_sentinel``, see
-csrc/linux/sentinel.c) at its first sandbox cgroup, once, in a session of
-its own, with a pipe it alone writes to:
+csrc/linux/sentinel.c) at its first sandbox cgroup, once: in a session of
+its own, not its child (it forks once: this process's ``waitpid(-1)``
+never finds it), with a pidfd of this process and a pipe that this
+process alone writes to:
 
 * ``site <json>``: a cgroup site this process makes sandboxes in;
 * ``keep <name>``: a sandbox meant to outlive it (``die_with_parent=False``);
@@ -18,8 +20,8 @@ Without ``done`` by then, it runs :func:`ended` in a new interpreter, with
 those lines as its input: every cgroup of this process's sites that is not
 kept is killed (``cgroup.kill``, or the v1 kill loop that stops forks
 first) and removed.  The pipe only says where to look: what is killed is
-named after this process's pid, which the sentinel, its child, shares a
-PID namespace with.
+named after this process's pid, in the PID namespace the sentinel was
+started in.
 """
 
 from __future__ import annotations
@@ -90,30 +92,43 @@ def _start() -> None:
         _refused = True
         return
     r, w = os.pipe()
+    said, say = os.pipe()
+    pidfd = -1
     try:
-        os.close(os.pidfd_open(os.getpid()))
+        pidfd = os.pidfd_open(os.getpid())
         # posix_spawn: a vfork, whatever this process's size.  The program
-        # closes what it inherits but its pipe, and leaves our directory.
+        # forks once and says its pid: not our child, so that a waitpid(-1)
+        # of this process never finds it.
         pid = os.posix_spawn(
             PROGRAM,
-            [PROGRAM, str(os.getpid()), sys.executable, _CODE, _package_parent()],
+            [PROGRAM, sys.executable, _CODE, _package_parent()],
             os.environ,
             file_actions=[
                 (os.POSIX_SPAWN_DUP2, r, 0),
-                # Not our output: whoever reads it to its end would wait
-                # for the sentinel too.
-                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, 1, 2),
+                (os.POSIX_SPAWN_DUP2, say, 1),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, pidfd, 3),
             ],
             setsid=True,  # a kill of our process group leaves it
         )
+        os.close(say)
+        say = -1
+        try:
+            os.waitpid(pid, 0)  # it exits once it forked
+        except ChildProcessError:
+            pass  # another thread's waitpid(-1) took it
+        sentinel = os.read(said, 32)
     except OSError:
-        os.close(w)
-        _refused = True  # Linux < 5.3 (no pidfd), or no process to spare
-        return
+        sentinel = b""  # Linux < 5.3 (no pidfd), or no process to spare
     finally:
-        os.close(r)
-    _fd, _pid, _owner = w, pid, os.getpid()
+        for fd in (r, said, say, pidfd):
+            if fd >= 0:
+                os.close(fd)
+    if not sentinel.isdigit():
+        os.close(w)
+        _refused = True
+        return
+    _fd, _pid, _owner = w, int(sentinel), os.getpid()
     lines = [f"owner {os.getpid():x}", *map(_site_line, _sites.values())]
     _say("\n".join([*lines, *(f"keep {n}" for n in sorted(_kept))]))
 
@@ -132,15 +147,7 @@ def _say(text: str) -> None:
             data = data[os.write(_fd, data) :]
     except OSError:
         os.close(_fd)
-        _reap()
         _owner, _pid, _fd = 0, 0, -1
-
-
-def _reap() -> None:
-    try:
-        os.waitpid(_pid, os.WNOHANG)
-    except OSError:
-        pass
 
 
 def sentinel_pid() -> int | None:

@@ -13,9 +13,10 @@ from collections.abc import Callable
 
 import pytest
 
+from sbxlimit import _sentinel
 from sbxlimit._cgroup import discover
 
-from .conftest import alive, wait_gone
+from .conftest import alive, report, wait_gone, why_not
 
 PY = sys.executable
 SITE = discover()
@@ -24,7 +25,18 @@ pytestmark = [
     pytest.mark.skipif(
         not SITE.version, reason=f"no cgroup here: {SITE.reason} (see `sbxlimit doctor`)"
     ),
+    pytest.mark.skipif(
+        not os.access(_sentinel.PROGRAM, os.X_OK),
+        reason="the sentinel was not built (setup.py builds sbxlimit/_sentinel on Linux)",
+    ),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _needs_pidfd() -> None:
+    if report().check("pidfd").status != "ok":
+        pytest.skip(why_not("pidfd"))
+
 
 # The caller: a sandbox (a cgroup, no PID namespace) whose program starts a
 # grandchild that leaves its session and its parent; the caller prints the

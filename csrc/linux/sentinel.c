@@ -5,9 +5,12 @@
  * started stays in the cgroup, past its wall_time, with nobody left to end
  * it.  So a process starts this program once, at its first sandbox cgroup:
  *
- *     _sentinel OWNER_PID PYTHON CODE ARG     (stdin: a pipe from the owner)
+ *     _sentinel PYTHON CODE ARG
  *
- * in a session of its own (a kill of the owner's process group leaves it).
+ * with a pipe from the owner as fd 0, a pidfd of the owner as fd 3, and fd 1
+ * where it says its pid.  It forks once and lives on as init's child (the
+ * owner's waitpid(-1) never finds it), in a session of its own (a kill of
+ * the owner's process group leaves it).
  * The owner writes a line for each cgroup site it makes sandboxes in and
  * for each sandbox meant to outlive it, and "done" as it ends with nothing
  * of its own left.  This program only collects those lines until the owner
@@ -22,15 +25,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434 /* the same on every architecture */
-#endif
 #ifndef SYS_close_range
 #define SYS_close_range 436
 #endif
@@ -75,26 +76,32 @@ static int said_done(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5)
+    if (argc != 4)
         return 2;
-    /* Nothing of the owner's but the pipe: an fd it let us inherit (a
-     * pipe's end someone reads to its end) must not wait for us, nor its
-     * working directory's mount. */
-    if (syscall(SYS_close_range, 3, ~0u, 0) != 0)
-        for (int fd = 3; fd < 1024; fd++)
+    /* Nothing of the owner's but the pipe, the pidfd and the pid's way
+     * back: an fd it let us inherit (a pipe's end someone reads to its end)
+     * must not wait for us, nor its working directory's mount. */
+    if (syscall(SYS_close_range, 4, ~0u, 0) != 0)
+        for (int fd = 4; fd < 1024; fd++)
             close(fd);
     if (chdir("/") != 0)
         return 2;
-    pid_t owner = (pid_t)strtol(argv[1], NULL, 10);
-    int pidfd = (int)syscall(SYS_pidfd_open, owner, 0);
-    if (pidfd < 0 && errno != ESRCH)
-        return 3; /* nothing to watch with: the owner checked the kernel */
-    /* Opened before this check, the pidfd is the owner's: a pid reused since
-     * would have made us another process's child. */
-    int gone = pidfd < 0 || getppid() != owner;
+    /* Not the owner's child: its waitpid(-1) must never find us. */
+    pid_t pid = fork();
+    if (pid < 0)
+        return 3;
+    if (pid > 0) {
+        char said[24];
+        int n = snprintf(said, sizeof said, "%d", (int)pid);
+        return write(1, said, (size_t)n) == n ? 0 : 3;
+    }
+    int null = open("/dev/null", O_WRONLY);
+    if (null < 0 || dup2(null, 1) != 1 || dup2(null, 2) != 2)
+        return 2;
+    close(null);
     fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK);
-    struct pollfd fds[2] = {{0, POLLIN, 0}, {pidfd, POLLIN, 0}};
-    while (!gone) {
+    struct pollfd fds[2] = {{0, POLLIN, 0}, {3, POLLIN, 0}};
+    for (;;) {
         if (poll(fds, 2, -1) < 0) {
             if (errno == EINTR)
                 continue;
@@ -106,7 +113,8 @@ int main(int argc, char **argv)
             if (said_done())
                 return 0;
         }
-        gone = fds[1].revents != 0;
+        if (fds[1].revents)
+            break; /* the owner is gone */
     }
     take(); /* what it wrote last */
     if (said_done())
@@ -125,9 +133,8 @@ int main(int argc, char **argv)
     if (lseek(m, 0, SEEK_SET) != 0 || dup2(m, 0) != 0)
         return 5;
     close(m);
-    if (pidfd >= 0)
-        close(pidfd);
-    char *args[] = {argv[2], "-S", "-E", "-c", argv[3], argv[4], NULL};
-    execv(argv[2], args);
+    close(3);
+    char *args[] = {argv[1], "-S", "-E", "-c", argv[2], argv[3], NULL};
+    execv(argv[1], args);
     return 6;
 }
