@@ -219,7 +219,7 @@ def ended() -> None:
     kept: set[str] = set()
     for line in sys.stdin.read().splitlines():
         word, _, rest = line.partition(" ")
-        if word == "owner":
+        if word == "owner" and owner is None:  # its first line
             owner = rest
         elif word == "site":
             d = json.loads(rest)

@@ -213,14 +213,6 @@ def _children(pid: int) -> set[int]:
     return found
 
 
-def _children_left() -> set[int]:
-    """Our descendants but for the sentinel, which waits for our exit
-    (_sentinel)."""
-    from sbxlimit import _sentinel
-
-    return _children(os.getpid()) - {_sentinel.sentinel_pid()}
-
-
 def settled_fds(timeout: float = 3.0) -> set[str]:
     """This process's open fds once the supervisor has let go of the pidfds
     of sandboxes already reaped (it closes them on its own thread), and its
@@ -334,10 +326,10 @@ def _fds() -> dict[int, str]:
 def _new_fds(before: dict[int, str]) -> dict[int, str]:
     """Fds opened since `before`, but for the owner locks this process
     holds for its life (_owner: one per cgroup parent it has used, and
-    those let go, kept open until exit)."""
-    from sbxlimit import _owner
+    those let go, kept open until exit) and its sentinel's pipe (_sentinel)."""
+    from sbxlimit import _owner, _sentinel
 
-    held = {*_owner._held.values(), *_owner._let_go}
+    held = {*_owner._held.values(), *_owner._let_go, _sentinel._fd}
     return {fd: t for fd, t in _fds().items() if before.get(fd) != t and fd not in held}
 
 
@@ -409,9 +401,9 @@ def no_leaks():
     # a leak: it goes at exit, or now.
     get_monitor().drain(_SLACK)
     deadline = time.monotonic() + _SLACK
-    while _children_left() and time.monotonic() < deadline:
+    while _children(os.getpid()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = _children_left()
+    left = _children(os.getpid())
     # The monitor closes a leader's pidfd when it sees the exit: give it a moment.
     deadline = time.monotonic() + _SLACK
     while _new_fds(before_fds) and time.monotonic() < deadline:

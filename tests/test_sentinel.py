@@ -13,18 +13,19 @@ from collections.abc import Callable
 
 import pytest
 
-from sbxlimit import _sentinel
+import sbxlimit
+from sbxlimit import Limits, Policy, _sentinel
 from sbxlimit._cgroup import discover
 
-from .conftest import alive, report, wait_gone, why_not
+from .conftest import alive, privileges, report, wait_gone, why_not
 
 PY = sys.executable
 SITE = discover()
+needs_cgroup = pytest.mark.skipif(
+    not SITE.version, reason=f"no cgroup here: {SITE.reason} (see `sbxlimit doctor`)"
+)
 pytestmark = [
     pytest.mark.cgroup,
-    pytest.mark.skipif(
-        not SITE.version, reason=f"no cgroup here: {SITE.reason} (see `sbxlimit doctor`)"
-    ),
     pytest.mark.skipif(
         not os.access(_sentinel.PROGRAM, os.X_OK),
         reason="the sentinel was not built (setup.py builds sbxlimit/_sentinel on Linux)",
@@ -94,6 +95,7 @@ def settle(pids: list[int], dirs: Callable[[], list[str]], timeout: float = 10.0
         time.sleep(0.02)
 
 
+@needs_cgroup
 @pytest.mark.parametrize("how", ["the caller", "the caller's process group"])
 def test_what_a_killed_caller_s_sandbox_started_is_ended(how: str) -> None:
     caller, grandchild, name, sentinel = start_caller()
@@ -118,6 +120,7 @@ def test_what_a_killed_caller_s_sandbox_started_is_ended(how: str) -> None:
             os.kill(grandchild, signal.SIGKILL)
 
 
+@needs_cgroup
 def test_a_sandbox_meant_to_outlive_its_caller_is_not_ended() -> None:
     caller, grandchild, name, sentinel = start_caller(KEEP="1")
     try:
@@ -145,6 +148,7 @@ def _procs(name: str) -> list[int]:
     return sorted(pids)
 
 
+@needs_cgroup
 def test_the_sentinel_ends_with_its_caller_s_ordinary_exit() -> None:
     code = textwrap.dedent(
         """
@@ -202,9 +206,47 @@ if os.path.exists(f"/proc/{grandchild}"):
 """
 
 
+@needs_cgroup
 def test_a_fork_s_child_has_a_sentinel_of_its_own() -> None:
     # The child's sandboxes are ended when it is killed; its parent's, whose
     # sentinel it does not share, run on.
     r = subprocess.run([PY, "-c", FORKED], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "True", "True"], r.stdout
+
+
+@needs_cgroup
+def test_a_sandboxed_program_cannot_speak_for_its_caller() -> None:
+    # The sentinel's pipe is its caller's alone: a program of the same user
+    # that opened it through /proc could say "done" for it, or keep its own
+    # cgroup.  The sentinel is not dumpable: its fds are root's with
+    # CAP_SYS_PTRACE, which no sandbox with a policy has.
+    sbxlimit.run(["true"], limits=Limits(pids=8))  # this process's sentinel
+    pid = _sentinel.sentinel_pid()
+    assert pid
+    code = f"open('/proc/{pid}/fd/0', 'wb')"
+    r = sbxlimit.run(
+        [PY, "-c", code],
+        limits=Limits(pids=8),
+        policy=Policy(workdir="/", isolate_pids=False),  # the host's /proc
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and "PermissionError" in r.stderr, r.stderr
+
+
+def test_a_program_of_the_same_user_cannot_open_the_sentinel_s_pipe(tmp_path) -> None:
+    # What a sandboxed program of the caller's user may do to the caller's
+    # other processes: without CAP_SYS_PTRACE, not open their fds through
+    # /proc once they are not dumpable.  (Root's own programs have it.)
+    if os.geteuid() == 0:
+        pytest.skip("root's processes hold CAP_SYS_PTRACE: " + privileges())
+    import dataclasses
+
+    site = dataclasses.replace(SITE, version=2, parents=(("", str(tmp_path)),))
+    _sentinel.announce(site)  # a sentinel for this process, if none runs yet
+    pid = _sentinel.sentinel_pid()
+    assert pid
+    code = f"import os; os.open('/proc/{pid}/fd/0', os.O_WRONLY)"
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 1 and "PermissionError" in r.stderr, r.stderr

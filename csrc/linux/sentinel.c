@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -86,6 +87,10 @@ int main(int argc, char **argv)
             close(fd);
     if (chdir("/") != 0)
         return 2;
+    /* Our /proc/PID/fd only for root with CAP_SYS_PTRACE: a sandboxed program
+     * of the owner's user must not open the pipe and speak for the owner. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+        return 2;
     /* Not the owner's child: its waitpid(-1) must never find us. */
     pid_t pid = fork();
     if (pid < 0)
@@ -119,7 +124,9 @@ int main(int argc, char **argv)
     take(); /* what it wrote last */
     if (said_done())
         return 0;
-    int m = (int)syscall(SYS_memfd_create, "sbxlimit-sentinel", 0);
+    /* Sealed: the interpreter we exec is dumpable again, and what it reads
+     * must stay what the owner said. */
+    int m = (int)syscall(SYS_memfd_create, "sbxlimit-sentinel", MFD_ALLOW_SEALING);
     if (m < 0)
         return 5;
     for (size_t at = 0; at < len;) {
@@ -130,7 +137,8 @@ int main(int argc, char **argv)
             return 5;
         at += (size_t)n;
     }
-    if (lseek(m, 0, SEEK_SET) != 0 || dup2(m, 0) != 0)
+    int seals = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL;
+    if (fcntl(m, F_ADD_SEALS, seals) != 0 || lseek(m, 0, SEEK_SET) != 0 || dup2(m, 0) != 0)
         return 5;
     close(m);
     close(3);
