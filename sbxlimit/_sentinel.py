@@ -32,6 +32,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ._exit import WORKSPACES, at_exit
@@ -128,6 +129,9 @@ def _start() -> None:
         os.close(w)
         _refused = True
         return
+    # Never blocks a spawn: a sentinel someone stopped loses what does not
+    # fit in the pipe, not our time.
+    os.set_blocking(w, False)
     _fd, _pid, _owner = w, int(sentinel), os.getpid()
     lines = [f"owner {os.getpid():x}", *map(_site_line, _sites.values())]
     _say("\n".join([*lines, *(f"keep {n}" for n in sorted(_kept))]))
@@ -145,6 +149,8 @@ def _say(text: str) -> None:
     try:
         while data:
             data = data[os.write(_fd, data) :]
+    except BlockingIOError:
+        pass
     except OSError:
         os.close(_fd)
         _owner, _pid, _fd = 0, 0, -1
@@ -172,12 +178,12 @@ def _done_at_exit() -> None:
         _owner, _fd = 0, -1
 
 
-def _left_here(sites: object, owner: str, kept: set[str]) -> list[tuple[Site, str]]:
+def _left_here(sites: Iterable[Site], owner: str, kept: set[str]) -> list[tuple[Site, str]]:
     """(site, name) of the sandbox cgroups of `owner` (pid hex) at `sites`
     that are not `kept`."""
     ours = re.compile(rf"sbx-{owner}-[0-9]+")
     found = []
-    for site in sites:  # type: ignore[attr-defined]
+    for site in sites:
         names: set[str] = set()
         for _c, parent in site.parents:
             try:
