@@ -676,8 +676,15 @@ class Cgroup:
     @classmethod
     def create(cls, site: Site, name: str, settings: Iterable[tuple[str, str, str]]) -> Cgroup:
         """mkdir and limit; on any failure, undo and raise OSError naming the
-        file."""
-        _sentinel.announce(site)  # what ends it should this process be killed
+        file.  The sentinel learns of it (it ends it should this process be
+        killed): where first, then that it is ours, once it is."""
+        _sentinel.announce(site)
+        cg = cls._create(site, name, settings)
+        _sentinel.made(cg)
+        return cg
+
+    @classmethod
+    def _create(cls, site: Site, name: str, settings: Iterable[tuple[str, str, str]]) -> Cgroup:
         cg = cls(site, name)
         settings = tuple(settings)
         skip = _v1_unneeded(site, settings)
@@ -1433,6 +1440,8 @@ class Cgroup:
                 del self.dirs[ctrl]
                 self.paths.clear()
                 self.batches.clear()
+        if not self.dirs and not self.removed:
+            _sentinel.gone(self.name)
         self.removed = not self.dirs
         return self.removed
 

@@ -11,36 +11,38 @@ its own, not its child (it forks once: this process's ``waitpid(-1)``
 never finds it), with a pidfd of this process and a pipe that this
 process alone writes to:
 
-* ``site <json>``: a cgroup site this process makes sandboxes in;
-* ``keep <name>``: a sandbox meant to outlive it (``die_with_parent=False``);
+* ``made <json>``: a sandbox cgroup made (its directories);
+* ``gone <name>``: removed;
+* ``keep <name>``: meant to outlive this process (``die_with_parent=False``);
+* ``reset``: what came before is void, the whole state follows (sent
+  when the lines outnumber what is live: the program keeps what follows
+  the last one, so it holds no more than this process's live cgroups);
 * ``done``: it ends with nothing of its own left (written at exit).
 
 The program waits in ``poll()`` for this process to be gone (a pidfd).
 Without ``done`` by then, it runs :func:`ended` in a new interpreter, with
-those lines as its input: every cgroup of this process's sites that is not
-kept is killed (``cgroup.kill``, or the v1 kill loop that stops forks
-first) and removed.  The pipe only says where to look: what is killed is
-named after this process's pid, in the PID namespace the sentinel was
-started in.
+those lines as its input: every cgroup made and not gone, but those kept,
+is killed (``cgroup.kill``, or the v1 kill loop that stops forks first)
+and removed.  Only what this process said it made: a process with its pid
+in another PID namespace may make sandboxes with the same names beside
+them, and those are never touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ._exit import WORKSPACES, at_exit
 
 if TYPE_CHECKING:
-    from ._cgroup import Site
+    from ._cgroup import Cgroup, Site
 
-__all__ = ["announce", "ended", "keep"]
+__all__ = ["announce", "ended", "gone", "keep", "made"]
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sentinel")
 # What the sentinel runs once this process is gone: this package, wherever
@@ -51,24 +53,42 @@ _lock = threading.Lock()
 _owner = 0  # the pid the sentinel watches: a fork's child has none
 _fd = -1  # our end of its pipe
 _pid = 0  # the sentinel's
-# This process's, by id(): told to the sentinel, and again to a new one.
-_sites: dict[int, Site] = {}
+# This process's cgroups made and not gone (their "made" lines), and those
+# kept: told to the sentinel, again after a reset, and all to a new one.
+_live: dict[str, str] = {}
 _kept: set[str] = set()
+_said = 0  # lines since the last reset
+_RESET_SLACK = 256
 _refused = False  # no sentinel can run here (the program, the kernel)
 
 
 def announce(site: Site) -> None:
-    """A sandbox cgroup is about to be made at `site`: the sentinel (started
-    now, once) will end what is left there if this process is killed.  A
-    dict lookup once announced."""
-    if _sites.get(id(site)) is site and _owner == os.getpid():
-        return
+    """A sandbox cgroup is about to be made at `site`: the sentinel runs from
+    now on (started once).  One comparison once it runs."""
+    if _owner != os.getpid():
+        with _lock:
+            if _owner != os.getpid():
+                _start()
+
+
+def made(cg: Cgroup) -> None:
+    """`cg` was made, and is ours: the sentinel ends it should this process
+    be killed."""
+    line = "made " + json.dumps({"version": cg.site.version, "dirs": sorted(cg.dirs.items())})
     with _lock:
-        _sites[id(site)] = site
+        _live[cg.name] = line
         if _owner == os.getpid():
-            _say(_site_line(site))
-        else:
-            _start()  # says every site, this one included
+            _say(line)
+
+
+def gone(name: str) -> None:
+    """The cgroup `name` was removed."""
+    with _lock:
+        if _live.pop(name, None) is not None and _owner == os.getpid():
+            _kept.discard(name)
+            _say(f"gone {name}")
+            if _said > 2 * (len(_live) + len(_kept)) + _RESET_SLACK:
+                _say(_state(reset=True))
 
 
 def keep(name: str) -> None:
@@ -79,9 +99,11 @@ def keep(name: str) -> None:
             _say(f"keep {name}")
 
 
-def _site_line(site: Site) -> str:
-    parents = [list(p) for p in site.parents]
-    return "site " + json.dumps({"version": site.version, "parents": parents})
+def _state(*, reset: bool) -> str:
+    """(_lock held.)  All the sentinel needs to know, as lines."""
+    lines = ["reset"] if reset else []
+    lines += [f"owner {os.getpid():x}", *_live.values(), *(f"keep {n}" for n in sorted(_kept))]
+    return "\n".join(lines)
 
 
 def _start() -> None:
@@ -133,8 +155,7 @@ def _start() -> None:
     # fit in the pipe, not our time.
     os.set_blocking(w, False)
     _fd, _pid, _owner = w, int(sentinel), os.getpid()
-    lines = [f"owner {os.getpid():x}", *map(_site_line, _sites.values())]
-    _say("\n".join([*lines, *(f"keep {n}" for n in sorted(_kept))]))
+    _say(_state(reset=False))
 
 
 def _package_parent() -> str:
@@ -144,7 +165,7 @@ def _package_parent() -> str:
 def _say(text: str) -> None:
     """(_lock held.)  A line or more to the sentinel.  Should it be gone
     (killed), a new one is started at the next announce, told it all."""
-    global _owner, _pid, _fd
+    global _owner, _pid, _fd, _said
     data = (text + "\n").encode()
     try:
         while data:
@@ -154,6 +175,7 @@ def _say(text: str) -> None:
     except OSError:
         os.close(_fd)
         _owner, _pid, _fd = 0, 0, -1
+    _said = 0 if text.startswith("reset") else _said + 1
 
 
 def sentinel_pid() -> int | None:
@@ -171,26 +193,24 @@ def _done_at_exit() -> None:
     with _lock:
         if _owner != os.getpid():
             return
-        if not _left_here(_sites.values(), f"{os.getpid():x}", _kept):
+        if not _left(_live, _kept):
             _say("done")
         if _owner == os.getpid():
             os.close(_fd)
         _owner, _fd = 0, -1
 
 
-def _left_here(sites: Iterable[Site], owner: str, kept: set[str]) -> list[tuple[Site, str]]:
-    """(site, name) of the sandbox cgroups of `owner` (pid hex) at `sites`
-    that are not `kept`."""
-    ours = re.compile(rf"sbx-{owner}-[0-9]+")
+def _left(live: dict[str, str], kept: set[str]) -> list[tuple[int, list[tuple[str, str]]]]:
+    """(version, directories) of the cgroups in `live` ("made" lines) that
+    are not `kept` and still exist."""
     found = []
-    for site in sites:
-        names: set[str] = set()
-        for _c, parent in site.parents:
-            try:
-                names.update(n for n in os.listdir(parent) if ours.fullmatch(n))
-            except OSError:
-                pass
-        found += [(site, n) for n in sorted(names - kept)]
+    for name, line in live.items():
+        if name in kept:
+            continue
+        d = json.loads(line.partition(" ")[2])
+        dirs = [(str(c), str(p)) for c, p in d["dirs"] if os.path.isdir(str(p))]
+        if dirs:
+            found.append((int(d["version"]), dirs))
     return found
 
 
@@ -206,7 +226,7 @@ def _forget_after_fork() -> None:
         except OSError:
             pass
     _owner, _fd, _pid = 0, -1, 0
-    _sites.clear()
+    _live.clear()
     _kept.clear()
 
 
@@ -216,31 +236,31 @@ if hasattr(os, "register_at_fork"):
 
 def ended() -> None:
     """(In the sentinel's interpreter, its owner gone.)  End and remove every
-    sandbox cgroup the owner left at its sites, but those it kept."""
+    sandbox cgroup the owner said it made and did not remove, but those it
+    kept."""
     from ._cgroup import Cgroup, Site
     from ._gc import collect_cgroups
 
     owner = None
-    sites: list[Site] = []
+    live: dict[str, str] = {}
     kept: set[str] = set()
-    for line in sys.stdin.read().splitlines():
+    for line in sys.stdin.read().splitlines():  # what follows the last reset
         word, _, rest = line.partition(" ")
         if word == "owner" and owner is None:  # its first line
             owner = rest
-        elif word == "site":
-            d = json.loads(rest)
-            parents = tuple((str(c), str(p)) for c, p in d["parents"])
-            sites.append(Site(int(d["version"]), parents))
+        elif word == "made":
+            live[_name(rest)] = line
+        elif word == "gone":
+            live.pop(rest, None)
         elif word == "keep":
             kept.add(rest)
     if owner is None:
         return
-    for site, name in _left_here(sites, owner, kept):
-        cg = Cgroup(site, name)
-        for ctrl, parent in site.parents:
-            path = os.path.join(parent, name)
-            if os.path.isdir(path):
-                cg.dirs[ctrl] = path
+    parents: set[str] = set()
+    for version, dirs in _left(live, kept):
+        cg = Cgroup(Site(version, tuple((c, os.path.dirname(p)) for c, p in dirs)), "")
+        cg.dirs.update(dirs)
+        parents.update(os.path.dirname(p) for _c, p in dirs)
         try:
             cg.kill()
         except OSError:
@@ -250,5 +270,10 @@ def ended() -> None:
         deadline = time.monotonic() + 5.0
         while not cg.remove() and time.monotonic() < deadline:
             time.sleep(0.01)
-    # The owner locks it held, and its pooled cgroups, where now free.
-    collect_cgroups({p for s in sites for _c, p in s.parents}, locked_only=True)
+    # The owner's locks there, and its empty cgroups, where now free.
+    collect_cgroups(parents, locked_only=True)
+
+
+def _name(made: str) -> str:
+    d = json.loads(made)
+    return os.path.basename(str(d["dirs"][0][1])) if d["dirs"] else ""

@@ -3,6 +3,7 @@ same (_sentinel), unless a sandbox was meant to outlive it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -58,6 +59,8 @@ if os.fork() == 0:
     os._exit(0)
 time.sleep(120)
 '''
+for _ in range(int(os.environ.get("BEFORE", "0"))):  # made and gone, before
+    sbxlimit.run(["true"], limits=sbxlimit.Limits(pids=16))
 kw = {"die_with_parent": False} if os.environ.get("KEEP") else {}
 p = sbxlimit.Popen([sys.executable, "-c", prog], limits=sbxlimit.Limits(pids=16, wall_time=60),
                    stdout=subprocess.PIPE, **kw)
@@ -96,9 +99,18 @@ def settle(pids: list[int], dirs: Callable[[], list[str]], timeout: float = 10.0
 
 
 @needs_cgroup
-@pytest.mark.parametrize("how", ["the caller", "the caller's process group"])
-def test_what_a_killed_caller_s_sandbox_started_is_ended(how: str) -> None:
-    caller, grandchild, name, sentinel = start_caller()
+@pytest.mark.parametrize(
+    "how,before",
+    [
+        ("the caller", 0),
+        ("the caller's process group", 0),
+        # Many made and gone before: the sentinel holds what follows the
+        # caller's last reset, which must still name the live one.
+        ("the caller", 700),
+    ],
+)
+def test_what_a_killed_caller_s_sandbox_started_is_ended(how: str, before: int) -> None:
+    caller, grandchild, name, sentinel = start_caller(BEFORE=str(before))
     try:
         assert alive(grandchild) and cgroup_dirs(name)
         if how == "the caller":
@@ -250,3 +262,34 @@ def test_a_program_of_the_same_user_cannot_open_the_sentinel_s_pipe(tmp_path) ->
     code = f"import os; os.open('/proc/{pid}/fd/0', os.O_WRONLY)"
     r = subprocess.run([PY, "-c", code], capture_output=True, text=True)
     assert r.returncode == 1 and "PermissionError" in r.stderr, r.stderr
+
+
+@needs_cgroup
+def test_another_s_cgroup_with_the_caller_s_name_is_not_touched() -> None:
+    # A process with the caller's pid in another PID namespace makes
+    # sandboxes with the same names beside the caller's: only what the
+    # caller said it made is ended.
+    caller, grandchild, _name, sentinel = start_caller()
+    other = f"sbx-{caller.pid:x}-999999"
+    dirs = [os.path.join(p, other) for _c, p in SITE.parents]
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        for d in dirs:
+            os.mkdir(d)
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(bystander.pid))
+        caller.kill()
+        caller.wait()
+        assert wait_gone([sentinel, grandchild], timeout=10.0) == []
+        assert bystander.poll() is None and all(os.path.isdir(d) for d in dirs)
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()  # type: ignore[union-attr]
+        bystander.kill()
+        bystander.wait()
+        for d in dirs:
+            deadline = time.monotonic() + 5
+            while os.path.isdir(d) and time.monotonic() < deadline:
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)

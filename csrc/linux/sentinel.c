@@ -11,9 +11,10 @@
  * where it says its pid.  It forks once and lives on as init's child (the
  * owner's waitpid(-1) never finds it), in a session of its own (a kill of
  * the owner's process group leaves it).
- * The owner writes a line for each cgroup site it makes sandboxes in and
- * for each sandbox meant to outlive it, and "done" as it ends with nothing
- * of its own left.  This program only collects those lines until the owner
+ * The owner writes a line for each sandbox cgroup it makes and removes and
+ * for each sandbox meant to outlive it, "reset" and its whole state when
+ * those lines outnumber its live cgroups, and "done" as it ends with
+ * nothing of its own left.  This program only collects those lines until the owner
  * is gone (a pidfd, Linux 5.3).  Without "done" then, it execs
  * PYTHON -c CODE ARG with the lines as its stdin: the package's own cgroup
  * code ends and removes what is left (sbxlimit/_sentinel.py).  Idle, it is
@@ -42,6 +43,22 @@
 static char *text;
 static size_t len, cap;
 
+/* "reset": what came before it is void (the owner's whole state follows).
+ * What is kept is the owner's live cgroups, however long it runs. */
+static void drop_before_reset(void)
+{
+    static const char reset[] = "reset\n";
+    size_t n = sizeof reset - 1;
+    for (size_t at = len; at >= n; at--) {
+        size_t start = at - n;
+        if (memcmp(text + start, reset, n) == 0 && (start == 0 || text[start - 1] == '\n')) {
+            memmove(text, text + at, len - at);
+            len -= at;
+            return;
+        }
+    }
+}
+
 /* Reads what fd 0 has; returns 0 at its end (or on an error), 1 when more
  * may come later. */
 static int take(void)
@@ -58,6 +75,7 @@ static int take(void)
         ssize_t n = read(0, text + len, cap - len);
         if (n > 0) {
             len += (size_t)n;
+            drop_before_reset();
             continue;
         }
         if (n < 0 && errno == EINTR)
