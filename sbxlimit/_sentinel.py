@@ -11,7 +11,7 @@ its own, not its child (it forks once: this process's ``waitpid(-1)``
 never finds it), with a pidfd of this process and a pipe that this
 process alone writes to:
 
-* ``made <json>``: a sandbox cgroup made (its directories);
+* ``made <name> <json>``: a sandbox cgroup made (its version and parents);
 * ``gone <name>``: removed;
 * ``keep <name>``: meant to outlive this process (``die_with_parent=False``);
 * ``reset``: what came before is void, the whole state follows (sent
@@ -58,6 +58,7 @@ _pid = 0  # the sentinel's
 _live: dict[str, str] = {}
 _kept: set[str] = set()
 _said = 0  # lines since the last reset
+_where: dict[tuple[int, tuple[str, ...]], str] = {}  # made()'s
 _RESET_SLACK = 256
 _refused = False  # no sentinel can run here (the program, the kernel)
 
@@ -74,7 +75,12 @@ def announce(site: Site) -> None:
 def made(cg: Cgroup) -> None:
     """`cg` was made, and is ours: the sentinel ends it should this process
     be killed."""
-    line = "made " + json.dumps({"version": cg.site.version, "dirs": sorted(cg.dirs.items())})
+    key = (id(cg.site), tuple(cg.dirs))
+    where = _where.get(key)
+    if where is None:  # the site's parents, as JSON: once per kind
+        parents = [[c, os.path.dirname(p)] for c, p in cg.dirs.items()]
+        where = _where[key] = json.dumps([cg.site.version, parents])
+    line = f"made {cg.name} {where}"
     with _lock:
         _live[cg.name] = line
         if _owner == os.getpid():
@@ -207,10 +213,11 @@ def _left(live: dict[str, str], kept: set[str]) -> list[tuple[int, list[tuple[st
     for name, line in live.items():
         if name in kept:
             continue
-        d = json.loads(line.partition(" ")[2])
-        dirs = [(str(c), str(p)) for c, p in d["dirs"] if os.path.isdir(str(p))]
+        version, parents = json.loads(line.split(" ", 2)[2])
+        dirs = [(str(c), os.path.join(str(p), name)) for c, p in parents]
+        dirs = [(c, d) for c, d in dirs if os.path.isdir(d)]
         if dirs:
-            found.append((int(d["version"]), dirs))
+            found.append((int(version), dirs))
     return found
 
 
@@ -249,7 +256,7 @@ def ended() -> None:
         if word == "owner" and owner is None:  # its first line
             owner = rest
         elif word == "made":
-            live[_name(rest)] = line
+            live[rest.partition(" ")[0]] = line
         elif word == "gone":
             live.pop(rest, None)
         elif word == "keep":
@@ -272,8 +279,3 @@ def ended() -> None:
             time.sleep(0.01)
     # The owner's locks there, and its empty cgroups, where now free.
     collect_cgroups(parents, locked_only=True)
-
-
-def _name(made: str) -> str:
-    d = json.loads(made)
-    return os.path.basename(str(d["dirs"][0][1])) if d["dirs"] else ""
