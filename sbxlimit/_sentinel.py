@@ -11,7 +11,9 @@ its own, not its child (it forks once: this process's ``waitpid(-1)``
 never finds it), with a pidfd of this process and a pipe that this
 process alone writes to:
 
-* ``made <name> <json>``: a sandbox cgroup made (its version and parents);
+* ``where <n> <json>``: the parents of a kind of cgroup (its site's version
+  and directories), once per kind;
+* ``made <name> <n>``: a sandbox cgroup made there;
 * ``gone <name>``: removed;
 * ``keep <name>``: meant to outlive this process (``die_with_parent=False``);
 * ``reset``: what came before is void, the whole state follows (sent
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 import threading
 import time
@@ -58,7 +61,10 @@ _pid = 0  # the sentinel's
 _live: dict[str, str] = {}
 _kept: set[str] = set()
 _said = 0  # lines since the last reset
-_where: dict[tuple[int, tuple[str, ...]], str] = {}  # made()'s
+_synced = True  # the sentinel has every line said since the last reset
+_pipe_id = (0, 0)  # our end's (st_dev, st_ino)
+# Each kind's parents (site, controllers), numbered: "where <n> <json>".
+_where: dict[tuple[int, tuple[str, ...]], tuple[int, str]] = {}
 _RESET_SLACK = 256
 _refused = False  # no sentinel can run here (the program, the kernel)
 
@@ -76,25 +82,26 @@ def made(cg: Cgroup) -> None:
     """`cg` was made, and is ours: the sentinel ends it should this process
     be killed."""
     key = (id(cg.site), tuple(cg.dirs))
-    where = _where.get(key)
-    if where is None:  # the site's parents, as JSON: once per kind
-        parents = [[c, os.path.dirname(p)] for c, p in cg.dirs.items()]
-        where = _where[key] = json.dumps([cg.site.version, parents])
-    line = f"made {cg.name} {where}"
     with _lock:
+        where = _where.get(key)
+        if where is None:  # the site's parents, said once per kind
+            parents = [[c, os.path.dirname(p)] for c, p in cg.dirs.items()]
+            where = _where[key] = (len(_where), json.dumps([cg.site.version, parents]))
+            if _owner == os.getpid():
+                _tell(f"where {where[0]} {where[1]}")
+        line = f"made {cg.name} {where[0]}"
         _live[cg.name] = line
         if _owner == os.getpid():
-            _say(line)
+            _tell(line)
 
 
 def gone(name: str) -> None:
     """The cgroup `name` was removed."""
     with _lock:
-        if _live.pop(name, None) is not None and _owner == os.getpid():
+        if _live.pop(name, None) is not None:
             _kept.discard(name)
-            _say(f"gone {name}")
-            if _said > 2 * (len(_live) + len(_kept)) + _RESET_SLACK:
-                _say(_state(reset=True))
+            if _owner == os.getpid():
+                _tell(f"gone {name}")
 
 
 def keep(name: str) -> None:
@@ -102,19 +109,70 @@ def keep(name: str) -> None:
     with _lock:
         _kept.add(name)
         if _owner == os.getpid():
-            _say(f"keep {name}")
+            _tell(f"keep {name}")
 
 
-def _state(*, reset: bool) -> str:
-    """(_lock held.)  All the sentinel needs to know, as lines."""
-    lines = ["reset"] if reset else []
-    lines += [f"owner {os.getpid():x}", *_live.values(), *(f"keep {n}" for n in sorted(_kept))]
-    return "\n".join(lines)
+def _tell(line: str) -> None:
+    """(_lock held.)  One line to the sentinel; the whole state instead when
+    it missed one (a full pipe), and when the lines outnumber what is live
+    (so that it holds no more than that)."""
+    global _said
+    if _synced and _write([line]):
+        _said += 1
+        if _said > 2 * (len(_live) + len(_kept)) + _RESET_SLACK:
+            _resync()
+    else:
+        _resync()
+
+
+def _resync() -> None:
+    """(_lock held.)  The whole state, between "reset" and "end": the
+    sentinel applies it once the end has come, so that one cut short by a
+    full pipe leaves it the state it had (and this one says it again at
+    the next line)."""
+    global _synced, _said
+    wheres = [f"where {n} {j}" for n, j in _where.values()]
+    lines = ["reset", f"owner {os.getpid():x}", *wheres, *_live.values()]
+    _synced = _write([*lines, *(f"keep {n}" for n in sorted(_kept)), "end"])
+    _said = 0
+
+
+def _write(lines: list[str]) -> bool:
+    """(_lock held.)  Lines in chunks of at most PIPE_BUF bytes, which a
+    pipe takes whole or not at all: never a line cut short.  False once
+    one is not taken (the pipe is full: never waited for, a spawn must not
+    wait on a sentinel someone stopped) or the sentinel is gone."""
+    global _owner, _pid, _fd
+    try:
+        if _pipe_id != _ident(os.fstat(_fd)):
+            # Closed behind our back (a closerange) and the number reused:
+            # not ours to write to, nor to close.
+            _owner, _pid, _fd = 0, 0, -1
+            return False
+        chunk = b""
+        for line in lines:
+            data = (line + "\n").encode()
+            if chunk and len(chunk) + len(data) > select.PIPE_BUF:
+                if os.write(_fd, chunk) != len(chunk):
+                    return False
+                chunk = b""
+            chunk += data
+        return os.write(_fd, chunk) == len(chunk)
+    except BlockingIOError:
+        return False
+    except OSError:  # the sentinel is gone: a new one at the next announce
+        os.close(_fd)
+        _owner, _pid, _fd = 0, 0, -1
+        return False
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
 
 
 def _start() -> None:
     """(_lock held.)  Start the sentinel and tell it all it needs to know."""
-    global _owner, _fd, _pid, _refused
+    global _owner, _fd, _pid, _refused, _pipe_id
     if _refused:
         return
     if not os.access(PROGRAM, os.X_OK) or not hasattr(os, "pidfd_open"):
@@ -160,28 +218,19 @@ def _start() -> None:
     # Never blocks a spawn: a sentinel someone stopped loses what does not
     # fit in the pipe, not our time.
     os.set_blocking(w, False)
+    import fcntl  # Linux only, as announce's callers
+
+    try:  # room for a burst: some 50,000 made lines (unprivileged: 1 MiB)
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except OSError:
+        pass
     _fd, _pid, _owner = w, int(sentinel), os.getpid()
-    _say(_state(reset=False))
+    _pipe_id = _ident(os.fstat(w))
+    _resync()
 
 
 def _package_parent() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _say(text: str) -> None:
-    """(_lock held.)  A line or more to the sentinel.  Should it be gone
-    (killed), a new one is started at the next announce, told it all."""
-    global _owner, _pid, _fd, _said
-    data = (text + "\n").encode()
-    try:
-        while data:
-            data = data[os.write(_fd, data) :]
-    except BlockingIOError:
-        pass
-    except OSError:
-        os.close(_fd)
-        _owner, _pid, _fd = 0, 0, -1
-    _said = 0 if text.startswith("reset") else _said + 1
 
 
 def sentinel_pid() -> int | None:
@@ -199,25 +248,31 @@ def _done_at_exit() -> None:
     with _lock:
         if _owner != os.getpid():
             return
-        if not _left(_live, _kept):
-            _say("done")
+        if not _left(_live, _kept, {str(n): j for n, j in _where.values()}):
+            _write(["done"])
         if _owner == os.getpid():
             os.close(_fd)
         _owner, _fd = 0, -1
 
 
-def _left(live: dict[str, str], kept: set[str]) -> list[tuple[int, list[tuple[str, str]]]]:
+def _left(
+    live: dict[str, str], kept: set[str], where: dict[str, str]
+) -> list[tuple[int, list[tuple[str, str]]]]:
     """(version, directories) of the cgroups in `live` ("made" lines) that
-    are not `kept` and still exist."""
+    are not `kept` and still exist; `where`: each kind's parents (JSON)."""
     found = []
     for name, line in live.items():
         if name in kept:
             continue
-        version, parents = json.loads(line.split(" ", 2)[2])
-        dirs = [(str(c), os.path.join(str(p), name)) for c, p in parents]
+        try:
+            v, parents = json.loads(where[line.split(" ", 2)[2]])
+            version = int(v)
+            dirs = [(str(c), os.path.join(str(p), name)) for c, p in parents]
+        except (KeyError, ValueError, TypeError, IndexError):
+            continue  # not a line the owner wrote whole
         dirs = [(c, d) for c, d in dirs if os.path.isdir(d)]
         if dirs:
-            found.append((int(version), dirs))
+            found.append((version, dirs))
     return found
 
 
@@ -248,34 +303,61 @@ def ended() -> None:
     from ._cgroup import Cgroup, Site
     from ._gc import collect_cgroups
 
-    owner = None
-    live: dict[str, str] = {}
-    kept: set[str] = set()
-    for line in sys.stdin.read().splitlines():  # what follows the last reset
+    owner, where, live, kept = _read_state(sys.stdin.read())
+    if owner is None:
+        return
+    for version, dirs in _left(live, kept, where):
+        try:
+            cg = Cgroup(Site(version, tuple((c, os.path.dirname(p)) for c, p in dirs)), "")
+            cg.dirs.update(dirs)
+            cg.kill()
+            # Its processes are gone once the kill returns; their parents
+            # (or init) reap them: the directories go once the kernel lets
+            # them.
+            deadline = time.monotonic() + 5.0
+            while not cg.remove() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        except Exception:  # one that cannot be ended: the rest still are
+            continue
+    # The owner's locks, and its empty cgroups, where now free.
+    parents: set[str] = set()
+    for j in where.values():
+        try:
+            parents.update(str(p) for _c, p in json.loads(j)[1])
+        except (ValueError, TypeError, IndexError):
+            pass
+    collect_cgroups(parents, locked_only=True)
+
+
+def _read_state(text: str) -> tuple[str | None, dict[str, str], dict[str, str], set[str]]:
+    """(owner, each kind's parents by number, its "made" lines by name, kept
+    names) from what it said.  A "reset" block counts once its "end" came:
+    one cut short (a full pipe) leaves the state before it.  A line that
+    cannot be read is skipped."""
+    owner: str | None = None
+    State = tuple[dict[str, str], dict[str, str], set[str]]
+    state: State = ({}, {}, set())
+    before: State | None = None  # inside a block: the state before it
+    for line in text.splitlines():
         word, _, rest = line.partition(" ")
-        if word == "owner" and owner is None:  # its first line
+        where, live, kept = state
+        if word == "reset":
+            before = state if before is None else before
+            state = ({}, {}, set())
+        elif word == "end" and before is not None:
+            before = None
+        elif word == "owner" and owner is None:  # the first one
             owner = rest
-        elif word == "made":
+        elif word == "where":
+            n, _, j = rest.partition(" ")
+            where[n] = j
+        elif word == "made" and rest:
             live[rest.partition(" ")[0]] = line
         elif word == "gone":
             live.pop(rest, None)
+            kept.discard(rest)
         elif word == "keep":
             kept.add(rest)
-    if owner is None:
-        return
-    parents: set[str] = set()
-    for version, dirs in _left(live, kept):
-        cg = Cgroup(Site(version, tuple((c, os.path.dirname(p)) for c, p in dirs)), "")
-        cg.dirs.update(dirs)
-        parents.update(os.path.dirname(p) for _c, p in dirs)
-        try:
-            cg.kill()
-        except OSError:
-            pass
-        # Its processes are gone once the kill returns; their parents (or
-        # init) reap them: the directories go once the kernel lets them.
-        deadline = time.monotonic() + 5.0
-        while not cg.remove() and time.monotonic() < deadline:
-            time.sleep(0.01)
-    # The owner's locks there, and its empty cgroups, where now free.
-    collect_cgroups(parents, locked_only=True)
+    if before is not None:  # a block cut short: it never was
+        state = before
+    return owner, *state

@@ -293,3 +293,79 @@ def test_another_s_cgroup_with_the_caller_s_name_is_not_touched() -> None:
             while os.path.isdir(d) and time.monotonic() < deadline:
                 with contextlib.suppress(OSError):
                     os.rmdir(d)
+
+
+def test_a_reset_cut_short_leaves_the_state_before_it() -> None:
+    # The caller's whole state comes between "reset" and "end"; a full pipe
+    # may cut it short (then the caller says it again later).  A line that
+    # cannot be read is skipped.
+    said = "\n".join(
+        [
+            "reset",
+            "owner 1a",
+            'where 0 [1, [["pids", "/p"]]]',
+            "made sbx-1a-1 0",
+            "made sbx-1a-2 0",
+            "end",
+            "gone sbx-1a-1",
+            "reset",
+            "owner 1a",
+            'where 0 [1, [["pids", "/p"]]]',
+            "made sbx-1a-2",  # cut short here: no end
+        ]
+    )
+    owner, where, live, kept = _sentinel._read_state(said)
+    assert owner == "1a" and where == {"0": '[1, [["pids", "/p"]]]'} and kept == set()
+    assert list(live) == ["sbx-1a-2"]
+    owner, where, live, kept = _sentinel._read_state(said + " 0\nkeep sbx-1a-2\nend\n")
+    assert list(live) == ["sbx-1a-2"] and kept == {"sbx-1a-2"}
+    assert _sentinel._left(live, {"x"}, {"0": "not json"}) == []
+
+
+# Many live cgroups at once (plain directories stand for them: the kill
+# finds no process there, the removal is an rmdir): the state the caller
+# says again after each reset is far larger than a pipe's default 64 KiB.
+MANY = """
+import os, sys, time
+from sbxlimit import _sentinel
+from sbxlimit._cgroup import Cgroup, Site
+root, n = sys.argv[1], int(sys.argv[2])
+site = Site(1, (("pids", root),))
+_sentinel.announce(site)
+
+def make(i):
+    cg = Cgroup(site, f"sbx-{os.getpid():x}-{i}")
+    cg.dirs["pids"] = os.path.join(root, cg.name)
+    os.mkdir(cg.dirs["pids"])
+    _sentinel.made(cg)
+    return cg
+
+for i in range(n):
+    make(i)
+i = n
+while _sentinel._said:  # made and gone until the next reset
+    i += 1
+    cg = make(i)
+    os.rmdir(cg.dirs["pids"])
+    _sentinel.gone(cg.name)
+print(_sentinel.sentinel_pid(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_caller_with_many_live_cgroups_has_them_all_ended(tmp_path) -> None:
+    caller = subprocess.Popen(
+        [PY, "-c", MANY, str(tmp_path), "3000"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert caller.stdout is not None
+        sentinel = int(caller.stdout.readline())
+        assert len(os.listdir(tmp_path)) == 3000
+        caller.kill()
+        caller.wait()
+        assert wait_gone([sentinel], timeout=30.0) == []
+        assert os.listdir(tmp_path) == []
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()  # type: ignore[union-attr]

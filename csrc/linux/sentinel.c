@@ -43,19 +43,29 @@
 static char *text;
 static size_t len, cap;
 
-/* "reset": what came before it is void (the owner's whole state follows).
+/* The start of the last line that is `word` ("reset\n") and starts before
+ * `end`, or -1. */
+static long last_line(const char *word, size_t end)
+{
+    size_t n = strlen(word);
+    for (size_t at = end; at >= n; at--) {
+        size_t start = at - n;
+        if (memcmp(text + start, word, n) == 0 && (start == 0 || text[start - 1] == '\n'))
+            return (long)start;
+    }
+    return -1;
+}
+
+/* "reset" ... "end": the owner's whole state, which voids what came before
+ * it once its end has come (one cut short by a full pipe voids nothing).
  * What is kept is the owner's live cgroups, however long it runs. */
 static void drop_before_reset(void)
 {
-    static const char reset[] = "reset\n";
-    size_t n = sizeof reset - 1;
-    for (size_t at = len; at >= n; at--) {
-        size_t start = at - n;
-        if (memcmp(text + start, reset, n) == 0 && (start == 0 || text[start - 1] == '\n')) {
-            memmove(text, text + at, len - at);
-            len -= at;
-            return;
-        }
+    long end = last_line("end\n", len);
+    long reset = end < 0 ? -1 : last_line("reset\n", (size_t)end);
+    if (reset > 0) {
+        memmove(text, text + reset, len - (size_t)reset);
+        len -= (size_t)reset;
     }
 }
 
