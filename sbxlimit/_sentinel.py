@@ -62,6 +62,7 @@ _live: dict[str, str] = {}
 _kept: set[str] = set()
 _said = 0  # lines since the last reset
 _synced = True  # the sentinel has every line said since the last reset
+_retry_at = 0.0  # when a resync that did not fit is tried again
 _pipe_id = (0, 0)  # our end's (st_dev, st_ino)
 # Each kind's parents (site, controllers), numbered: "where <n> <json>".
 _where: dict[tuple[int, tuple[str, ...]], tuple[int, str]] = {}
@@ -121,7 +122,7 @@ def _tell(line: str) -> None:
         _said += 1
         if _said > 2 * (len(_live) + len(_kept)) + _RESET_SLACK:
             _resync()
-    else:
+    elif time.monotonic() >= _retry_at:  # the sentinel reads once a second
         _resync()
 
 
@@ -130,11 +131,12 @@ def _resync() -> None:
     sentinel applies it once the end has come, so that one cut short by a
     full pipe leaves it the state it had (and this one says it again at
     the next line)."""
-    global _synced, _said
+    global _synced, _said, _retry_at
     wheres = [f"where {n} {j}" for n, j in _where.values()]
     lines = ["reset", f"owner {os.getpid():x}", *wheres, *_live.values()]
     _synced = _write([*lines, *(f"keep {n}" for n in sorted(_kept)), "end"])
     _said = 0
+    _retry_at = 0.0 if _synced else time.monotonic() + 0.25
 
 
 def _write(lines: list[str]) -> bool:
