@@ -18,7 +18,7 @@
  * is gone (a pidfd, Linux 5.3).  Without "done" then, it execs
  * PYTHON -c CODE ARG with the lines as its stdin: the package's own cgroup
  * code ends and removes what is left (sbxlimit/_sentinel.py).  Idle, it is
- * a process blocked in poll(), with no Python in it. */
+ * a process in poll() that wakes once a second, with no Python in it. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
