@@ -99,7 +99,7 @@ class Evidence:
     killed_by_caller: bool = False
     cgroup: CgroupStats | None = None  # its final counters
     disk: int | None = None  # the workspace's size at the end
-    disk_full: bool = False  # the size-capped tmpfs was full at the end
+    disk_full: bool = False  # the size-capped tmpfs was past the limit (or full) at the end
 
 
 # ru_maxrss is KiB on Linux, bytes on macOS.

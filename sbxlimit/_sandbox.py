@@ -238,7 +238,7 @@ class Sandbox:
     # workspace in between, so its size may be measured later (disk_size).
     # A Popen's caller may take the program's files out before close().
     closed_at_reap = False
-    disk_full = False  # the tmpfs was full when the program ended
+    disk_full = False  # the tmpfs was past the limit (or full) when the program ended
     _outcome: Outcome | None = None
 
     @property
@@ -1004,7 +1004,11 @@ class Sandbox:
             self.release_cgroup()
         if self.plan.active:  # the reap of a plain Popen stays as it was
             if self.ws_fd >= 0:
-                self.disk, self.disk_full = _workspace.tmpfs_usage(self.ws_fd)
+                self.disk, full = _workspace.tmpfs_usage(self.ws_fd)
+                # Past the limit (the tmpfs has room past it, to tell), or
+                # full: the limit was exceeded, whatever the program did next.
+                limit = self.limits.disk if self.limits is not None else None
+                self.disk_full = full or (limit is not None and self.disk > limit)
             elif self.workspace is not None and self.closed_at_reap:
                 # Measured when someone asks, or right before the workspace
                 # is removed (by the supervisor, or the janitor for a tree

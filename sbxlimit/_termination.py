@@ -269,8 +269,8 @@ def classify(
     then failed.  `oom_kills_outside`: OOM kills in the sandbox that its
     own limit did not cause (memory ran out above it): no limit of the
     sandbox's, so never its verdict, but said in the message.
-    `disk_full`: the size-capped tmpfs workspace was full at the end
-    (writes past it failed with ENOSPC)."""
+    `disk_full`: the size-capped tmpfs workspace was past the limit at
+    the end, or full (writes past it failed with ENOSPC)."""
     hit = set(hits)
     sig = -returncode if returncode < 0 else None
     cpu_used = usage.cpu_total
@@ -296,7 +296,12 @@ def classify(
         hit.add("memory")
     if pids_refused and pids_limit is not None:
         hit.add("pids")
-    if disk_full and disk_limit is not None:
+    # Past the limit at the end: the tmpfs says so (full, or into its room
+    # past the limit); a watched workdir's final size too.
+    disk_over = disk_limit is not None and (
+        disk_full or (usage.disk is not None and usage.disk > disk_limit)
+    )
+    if disk_over:
         hit.add("disk")
     # What the supervisor did is the strongest evidence: it acted first.
     if kill is not None:
@@ -333,9 +338,12 @@ def classify(
     if pids_refused and pids_limit is not None and (failed or (ends and "pids" not in tolerate)):
         mech = enforced.get("pids", "cgroup")
         return ended("pids", pids_limit, usage.pids_peak, mech, str(pids_refused))
-    if disk_full and disk_limit is not None and failed:
-        # The same mechanism the supervisor's kill names (see _monitor).
-        return ended("disk", disk_limit, usage.disk, "tmpfs:size")
+    if disk_over and (failed or (ends and "disk" not in tolerate)):
+        # Exceeded ends the sandbox, as the supervisor's sample would have
+        # had the program not ended first; the same mechanism its kill
+        # names (see _monitor).
+        mech = "tmpfs:size" if disk_full else enforced.get("disk", "watchdog:disk")
+        return ended("disk", disk_limit, usage.disk, mech)
     if (
         failed
         and memory_limit is not None

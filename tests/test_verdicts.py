@@ -306,6 +306,47 @@ def test_filling_the_workspace_ends_with_disk(program: str) -> None:
     assert t.observed is not None and t.observed > 24 << 20
 
 
+# Past the limit, then an ordinary exit before the supervisor's next
+# sample: into the tmpfs's room past the limit, or until it is full and the
+# write fails with ENOSPC, which the program copes with.
+PAST_AND_EXIT = """
+import os, sys
+with open("fill", "wb") as f:
+    try:
+        f.write(b"x" * int(sys.argv[1]))
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.parametrize("how", ["past the limit", "until full"])
+def test_a_program_that_exceeds_the_workspace_and_exits_0_ends_with_disk(how: str) -> None:
+    needs_tmpfs()
+    size = (8 << 20) + (256 << 10) if how == "past the limit" else 64 << 20
+    r = sbxlimit.run(
+        [PY, "-c", PAST_AND_EXIT, str(size)],
+        limits=sbxlimit.Limits(disk="8Mi", wall_time=WALL),
+        policy=sbxlimit.Policy(),
+        sample_interval=30,  # no sample sees it: the reap's figures do
+    )
+    t = r.termination
+    assert r.returncode == 0 and t.reason == "disk" and t.limit == 8 << 20, t
+    assert t.observed is not None and t.observed > 8 << 20, t
+
+
+def test_a_program_that_exceeds_its_watched_workdir_and_exits_0_ends_with_disk(tmp_path) -> None:
+    # The same verdict where a watchdog holds the limit (a workdir of its own).
+    r = sbxlimit.run(
+        [PY, "-c", PAST_AND_EXIT, str(9 << 20)],
+        limits=sbxlimit.Limits(disk="8Mi", wall_time=WALL),
+        policy=sbxlimit.Policy(workdir=str(tmp_path)),
+        sample_interval=30,
+    )
+    t = r.termination
+    assert r.enforced["disk"].startswith("watchdog"), r.enforced
+    assert r.returncode == 0 and t.reason == "disk" and t.observed >= 9 << 20, t
+
+
 def test_a_full_workspace_can_be_tolerated() -> None:
     needs_tmpfs()
     r = sbxlimit.run(
