@@ -65,7 +65,7 @@ _synced = True  # the sentinel has every line said since the last reset
 _retry_at = 0.0  # when a resync that did not fit is tried again
 _pipe_id = (0, 0)  # our end's (st_dev, st_ino)
 # Each kind's parents (site, controllers), numbered: "where <n> <json>".
-_where: dict[tuple[int, tuple[str, ...]], tuple[int, str]] = {}
+_where: dict[tuple[int, tuple[str, ...]], tuple[int, str, Site]] = {}
 _RESET_SLACK = 256
 _refused = False  # no sentinel can run here (the program, the kernel)
 
@@ -87,7 +87,8 @@ def made(cg: Cgroup) -> None:
         where = _where.get(key)
         if where is None:  # the site's parents, said once per kind
             parents = [[c, os.path.dirname(p)] for c, p in cg.dirs.items()]
-            where = _where[key] = (len(_where), json.dumps([cg.site.version, parents]))
+            # (The site is kept with it: its id() is never another's.)
+            where = _where[key] = (len(_where), json.dumps([cg.site.version, parents]), cg.site)
             if _owner == os.getpid():
                 _tell(f"where {where[0]} {where[1]}")
         line = f"made {cg.name} {where[0]}"
@@ -132,7 +133,7 @@ def _resync() -> None:
     full pipe leaves it the state it had (and this one says it again at
     the next line)."""
     global _synced, _said, _retry_at
-    wheres = [f"where {n} {j}" for n, j in _where.values()]
+    wheres = [f"where {n} {j}" for n, j, _s in _where.values()]
     lines = ["reset", f"owner {os.getpid():x}", *wheres, *_live.values()]
     _synced = _write([*lines, *(f"keep {n}" for n in sorted(_kept)), "end"])
     _said = 0
@@ -250,7 +251,7 @@ def _done_at_exit() -> None:
     with _lock:
         if _owner != os.getpid():
             return
-        if not _left(_live, _kept, {str(n): j for n, j in _where.values()}):
+        if not _left(_live, _kept, {str(n): j for n, j, _s in _where.values()}):
             _write(["done"])
         if _owner == os.getpid():
             os.close(_fd)
