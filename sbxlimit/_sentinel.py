@@ -49,8 +49,10 @@ __all__ = ["announce", "ended", "gone", "keep", "made"]
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sentinel")
 # What the sentinel runs once this process is gone: this package, wherever
-# it was imported from, and nothing of the environment's Python settings.
-_CODE = "import sys; sys.path.insert(0, sys.argv[1]); from sbxlimit._sentinel import ended; ended()"
+# it was imported from, after the standard library (a module of the same
+# name in site-packages must not shadow it), and nothing of the
+# environment's Python settings (-I).
+_CODE = "import sys; sys.path.append(sys.argv[1]); from sbxlimit._sentinel import ended; ended()"
 
 _lock = threading.Lock()
 _owner = 0  # the pid the sentinel watches: a fork's child has none
@@ -63,6 +65,8 @@ _kept: set[str] = set()
 _said = 0  # lines since the last reset
 _synced = True  # the sentinel has every line said since the last reset
 _retry_at = 0.0  # when a resync that did not fit is tried again
+_retry_timer: threading.Timer | None = None  # and, failing more lines, then
+_grown = False  # the pipe made larger (at its first full write)
 _pipe_id = (0, 0)  # our end's (st_dev, st_ino)
 # Each kind's parents (site, controllers), numbered: "where <n> <json>".
 _where: dict[tuple[int, tuple[str, ...]], tuple[int, str, Site]] = {}
@@ -138,6 +142,26 @@ def _resync() -> None:
     _synced = _write([*lines, *(f"keep {n}" for n in sorted(_kept)), "end"])
     _said = 0
     _retry_at = 0.0 if _synced else time.monotonic() + 0.25
+    if not _synced and _retry_timer is None and _owner == os.getpid():
+        _retry_later()
+
+
+def _retry_later() -> None:
+    """(_lock held.)  Say the whole state again in a second, and so on until
+    it fits: a caller that says nothing more (one long sandbox) must not
+    leave the sentinel without its last lines."""
+    global _retry_timer
+    _retry_timer = threading.Timer(1.0, _retry)
+    _retry_timer.daemon = True
+    _retry_timer.start()
+
+
+def _retry() -> None:
+    global _retry_timer
+    with _lock:
+        _retry_timer = None
+        if _owner == os.getpid() and not _synced:
+            _resync()
 
 
 def _write(lines: list[str]) -> bool:
@@ -156,11 +180,11 @@ def _write(lines: list[str]) -> bool:
         for line in lines:
             data = (line + "\n").encode()
             if chunk and len(chunk) + len(data) > select.PIPE_BUF:
-                if os.write(_fd, chunk) != len(chunk):
+                if _put(chunk) != len(chunk):
                     return False
                 chunk = b""
             chunk += data
-        return os.write(_fd, chunk) == len(chunk)
+        return _put(chunk) == len(chunk)
     except BlockingIOError:
         return False
     except OSError:  # the sentinel is gone: a new one at the next announce
@@ -169,13 +193,34 @@ def _write(lines: list[str]) -> bool:
         return False
 
 
+def _put(chunk: bytes) -> int:
+    """(_lock held.)  One write; the first one that does not fit makes the
+    pipe larger, once (1 MiB: some 50,000 lines, more than a second of
+    them; not at the start, where each process's would count against its
+    user's pipe budget) and is tried again."""
+    global _grown
+    try:
+        return os.write(_fd, chunk)
+    except BlockingIOError:
+        if _grown:
+            raise
+        _grown = True
+        import fcntl  # Linux only, as announce's callers
+
+        try:
+            fcntl.fcntl(_fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+        except OSError:
+            raise BlockingIOError from None
+        return os.write(_fd, chunk)
+
+
 def _ident(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
 def _start() -> None:
     """(_lock held.)  Start the sentinel and tell it all it needs to know."""
-    global _owner, _fd, _pid, _refused, _pipe_id
+    global _owner, _fd, _pid, _refused, _pipe_id, _grown
     if _refused:
         return
     if not os.access(PROGRAM, os.X_OK) or not hasattr(os, "pidfd_open"):
@@ -221,13 +266,7 @@ def _start() -> None:
     # Never blocks a spawn: a sentinel someone stopped loses what does not
     # fit in the pipe, not our time.
     os.set_blocking(w, False)
-    import fcntl  # Linux only, as announce's callers
-
-    try:  # room for a burst: some 50,000 made lines (unprivileged: 1 MiB)
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
-    except OSError:
-        pass
-    _fd, _pid, _owner = w, int(sentinel), os.getpid()
+    _fd, _pid, _owner, _grown = w, int(sentinel), os.getpid(), False
     _pipe_id = _ident(os.fstat(w))
     _resync()
 
@@ -271,7 +310,7 @@ def _left(
             v, parents = json.loads(where[line.split(" ", 2)[2]])
             version = int(v)
             dirs = [(str(c), os.path.join(str(p), name)) for c, p in parents]
-        except (KeyError, ValueError, TypeError, IndexError):
+        except Exception:
             continue  # not a line the owner wrote whole
         dirs = [(c, d) for c, d in dirs if os.path.isdir(d)]
         if dirs:
@@ -283,8 +322,9 @@ def _forget_after_fork() -> None:
     """A fork's child is not the process the sentinel watches: it starts one
     of its own at its first sandbox cgroup.  (Its copy of the lock may be
     held: a new one.)"""
-    global _owner, _fd, _pid, _lock
+    global _owner, _fd, _pid, _lock, _retry_timer, _grown, _synced
     _lock = threading.Lock()
+    _retry_timer, _grown, _synced = None, False, True
     if _fd >= 0:
         try:
             os.close(_fd)
@@ -327,7 +367,7 @@ def ended() -> None:
     for j in where.values():
         try:
             parents.update(str(p) for _c, p in json.loads(j)[1])
-        except (ValueError, TypeError, IndexError):
+        except Exception:
             pass
     collect_cgroups(parents, locked_only=True)
 
@@ -341,7 +381,7 @@ def _read_state(text: str) -> tuple[str | None, dict[str, str], dict[str, str], 
     State = tuple[dict[str, str], dict[str, str], set[str]]
     state: State = ({}, {}, set())
     before: State | None = None  # inside a block: the state before it
-    for line in text.splitlines():
+    for line in text.split("\n"):  # as the program splits them
         word, _, rest = line.partition(" ")
         where, live, kept = state
         if word == "reset":

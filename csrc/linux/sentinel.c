@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,15 +129,21 @@ int main(int argc, char **argv)
         int n = snprintf(said, sizeof said, "%d", (int)pid);
         return write(1, said, (size_t)n) == n ? 0 : 3;
     }
+    /* A stop of the caller's service signals each of its processes: the
+     * caller goes, this one must stay to end what it left.  (Ignored signals
+     * stay ignored through the exec at the end.) */
+    static const int stay[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE};
+    for (size_t i = 0; i < sizeof stay / sizeof stay[0]; i++)
+        signal(stay[i], SIG_IGN);
     int null = open("/dev/null", O_WRONLY);
     if (null < 0 || dup2(null, 1) != 1 || dup2(null, 2) != 2)
         return 2;
     close(null);
     fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK);
     /* The pipe is read once a second, not at each line: a wake-up per line
-     * cost each sandbox some 60 us of CPU on a 2-core machine.  Its 1 MiB
-     * holds far more than a second of lines; a line that does not fit is
-     * said again by the owner (a reset). */
+     * cost each sandbox some 60 us of CPU on a 2-core machine.  The owner
+     * makes it 1 MiB at its first full write, far more than a second of
+     * lines; what does not fit it says again (a reset). */
     struct pollfd owner = {3, POLLIN, 0};
     for (;;) {
         int n = poll(&owner, 1, 1000);
@@ -167,7 +174,7 @@ int main(int argc, char **argv)
         return 5;
     close(m);
     close(3);
-    char *args[] = {argv[1], "-S", "-E", "-c", argv[2], argv[3], NULL};
+    char *args[] = {argv[1], "-I", "-S", "-c", argv[2], argv[3], NULL};
     execv(argv[1], args);
     return 6;
 }
