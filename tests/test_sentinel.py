@@ -371,3 +371,73 @@ def test_a_caller_with_many_live_cgroups_has_them_all_ended(tmp_path) -> None:
         caller.kill()
         caller.wait()
         caller.stdout.close()  # type: ignore[union-attr]
+
+
+@needs_cgroup
+def test_the_sentinel_outlasts_a_stop_that_signals_it_too() -> None:
+    # A stop of the caller's service sends SIGTERM (and more) to each of
+    # its processes: the sentinel stays, to end what the caller left.
+    caller, grandchild, _name, sentinel = start_caller()
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            os.kill(sentinel, sig)
+        time.sleep(0.2)
+        assert alive(sentinel)
+        caller.send_signal(signal.SIGTERM)
+        caller.wait()
+        assert wait_gone([grandchild, sentinel], timeout=10.0) == []
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()  # type: ignore[union-attr]
+
+
+# The sentinel stopped while the caller's lines fill its pipe: the line of
+# the caller's next cgroup does not fit; the caller says its state again
+# once the sentinel reads, though it says nothing more itself.  (Plain
+# directories stand for the cgroups: no supervisor of a real sandbox, which
+# might say something later, and so the state again.)
+FLOODED = """
+import os, signal, sys, time
+from sbxlimit import _sentinel
+from sbxlimit._cgroup import Cgroup, Site
+
+site = Site(1, (("pids", sys.argv[1]),))
+_sentinel.announce(site)
+sentinel = _sentinel.sentinel_pid()
+os.kill(sentinel, signal.SIGSTOP)
+
+def cgroup(n):
+    cg = Cgroup(site, f"sbx-{os.getpid():x}-{n}")
+    cg.dirs["pids"] = os.path.join(sys.argv[1], cg.name)
+    return cg
+
+n = 1
+while _sentinel._synced:
+    n += 1
+    _sentinel.made(cgroup(n))
+    _sentinel.gone(cgroup(n).name)
+live = cgroup(1)
+os.mkdir(live.dirs["pids"])
+_sentinel.made(live)  # does not fit
+os.kill(sentinel, signal.SIGCONT)
+time.sleep(2.5)  # it reads once a second; the caller says it all again
+print(sentinel, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_state_the_pipe_could_not_take_reaches_the_sentinel_later(tmp_path) -> None:
+    caller = subprocess.Popen([PY, "-c", FLOODED, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert caller.stdout is not None
+        sentinel = int(caller.stdout.readline())
+        assert len(os.listdir(tmp_path)) == 1
+        caller.kill()
+        caller.wait()
+        assert wait_gone([sentinel], timeout=10.0) == []
+        assert os.listdir(tmp_path) == []
+    finally:
+        caller.kill()
+        caller.wait()
+        caller.stdout.close()  # type: ignore[union-attr]
