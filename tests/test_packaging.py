@@ -148,3 +148,31 @@ def test_c_top_level_is_what_every_platform_builds():
     assert "csrc/_coremodule.c" in top
     for platform in ("linux", "darwin", "freebsd14"):
         assert top <= set(setup_py.sources(platform)), platform
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_the_sdist_holds_every_c_source_and_no_built_program(tmp_path):
+    # pip builds a wheel from the sdist where no wheel fits: every C file and
+    # header must be in it (the helpers' sources too), and nothing built here.
+    if not os.path.exists(os.path.join(HERE, "setup.py")):
+        pytest.skip("setup.py is not next to the tests (installed package)")
+    tracked = subprocess.run(
+        ["git", "ls-files", "csrc"], cwd=HERE, capture_output=True, text=True
+    ).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    r = subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    import tarfile
+
+    (sdist,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    assert set(tracked) <= names, sorted(set(tracked) - names)
+    built = {"sbxlimit/_pid1", "sbxlimit/_sentinel", "sbxlimit/_seatbelt_exec"}
+    assert not names & built and not [n for n in names if n.endswith((".so", ".o"))]
