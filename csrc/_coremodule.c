@@ -320,7 +320,7 @@ PyDoc_STRVAR(spawn_doc,
              "spawn(exec_paths, argv, envp, cwd, stdin, stdout, stderr, close_fds,\n"
              "      keep_fds, close_after, restore_signals, new_session, pgid, groups,\n"
              "      gid, uid, umask, rlimits, pdeathsig, no_new_privs, drop_caps, caps_keep,\n"
-             "      seccomp, landlock_fd,\n"
+             "      seccomp, seccomp_guard, landlock_fd,\n"
              "      ns, cgroup_dirfd,\n"
              "      cgroup_procs, preexec_fn, fail_step, fail_errno, /)\n"
              "--\n\n"
@@ -353,7 +353,8 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     PyObject *preexec_fn;
     PyObject *cwd_bytes = NULL, *result = NULL;
     int fd_in, fd_out, fd_err, close_fds, restore_signals, new_session, no_new_privs;
-    int pgid, umask_, pdeathsig, fail_step, fail_errno, cgroup_dirfd, seccomp, landlock_fd;
+    int pgid, umask_, pdeathsig, fail_step, fail_errno, cgroup_dirfd, seccomp, seccomp_guard;
+    int landlock_fd;
     int drop_caps;
     unsigned long long caps_keep;
     uint64_t filter[SBX_SECCOMP_MAX]; /* struct sock_filter is 8 bytes */
@@ -370,12 +371,12 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     (void)self;
     memset(&st, 0, sizeof st);
     memset(&spec, 0, sizeof spec);
-    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOOOiOipiKiiOiOOii:spawn", &exec_paths, &argv, &envp,
+    if (!PyArg_ParseTuple(args, "OOOOiiipOOppiOOOiOipiKiiiOiOOii:spawn", &exec_paths, &argv, &envp,
                           &cwd, &fd_in, &fd_out, &fd_err, &close_fds, &keep_fds, &close_after,
                           &restore_signals, &new_session, &pgid, &groups, &gid_o, &uid_o, &umask_,
                           &rlimits, &pdeathsig, &no_new_privs, &drop_caps, &caps_keep, &seccomp,
-                          &landlock_fd, &ns, &cgroup_dirfd, &cgroup_procs, &preexec_fn, &fail_step,
-                          &fail_errno))
+                          &seccomp_guard, &landlock_fd, &ns, &cgroup_dirfd, &cgroup_procs,
+                          &preexec_fn, &fail_step, &fail_errno))
         return NULL;
     /* Take charge of close_after first: from here on they are closed on
      * every path. */
@@ -520,7 +521,7 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     }
     if (seccomp) {
         int brc = sbx_seccomp_build(filter, SBX_SECCOMP_MAX, &spec.n_seccomp, seccomp,
-                                    (int)getpid(), (int)getpgrp());
+                                    (int)getpid(), (int)getpgrp(), seccomp_guard);
 
         if (brc < 0) {
             errno = -brc;
@@ -1583,7 +1584,7 @@ done:
 }
 
 PyDoc_STRVAR(seccomp_program_doc,
-             "seccomp_program(what, caller, caller_pgid, /) -> bytes\n"
+             "seccomp_program(what, caller, caller_pgid, guard=0, /) -> bytes\n"
              "--\n\n"
              "The filter spawn() loads for `what` (SECCOMP_* bits): struct sock_filter\n"
              "instructions, 8 bytes each.  For tests and inspection.");
@@ -1592,12 +1593,12 @@ static PyObject *core_seccomp_program(PyObject *self, PyObject *args)
 {
     uint64_t filter[SBX_SECCOMP_MAX];
     size_t n = 0;
-    int what, caller, pgid, rc;
+    int what, caller, pgid, guard = 0, rc;
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "iii:seccomp_program", &what, &caller, &pgid))
+    if (!PyArg_ParseTuple(args, "iii|i:seccomp_program", &what, &caller, &pgid, &guard))
         return NULL;
-    rc = sbx_seccomp_build(filter, SBX_SECCOMP_MAX, &n, what, caller, pgid);
+    rc = sbx_seccomp_build(filter, SBX_SECCOMP_MAX, &n, what, caller, pgid, guard);
     if (rc < 0) {
         errno = -rc;
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, "seccomp filter");
@@ -1708,6 +1709,7 @@ static int core_exec(PyObject *m)
         PyModule_AddIntConstant(m, "SECCOMP_NET_DENY", SBX_SECCOMP_NET_DENY) < 0 ||
         PyModule_AddIntConstant(m, "SECCOMP_NET_PROXY", SBX_SECCOMP_NET_PROXY) < 0 ||
         PyModule_AddIntConstant(m, "SECCOMP_FAMILIES", SBX_SECCOMP_FAMILIES) < 0 ||
+        PyModule_AddIntConstant(m, "SECCOMP_SIGNALS", SBX_SECCOMP_SIGNALS) < 0 ||
         PyModule_AddIntConstant(m, "SECCOMP_VERSION", SBX_SECCOMP_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "CAPS_DROP", SBX_CAPS_DROP) < 0 ||
         PyModule_AddIntConstant(m, "CAPS_BOUNDING", SBX_CAPS_BOUNDING) < 0 ||
@@ -1751,9 +1753,9 @@ static int core_exec(PyObject *m)
         uint64_t probe[SBX_SECCOMP_MAX];
         size_t n;
 
-        if (PyModule_AddIntConstant(
-                m, "HAS_SECCOMP",
-                sbx_seccomp_build(probe, SBX_SECCOMP_MAX, &n, SBX_SECCOMP_HARDEN, 0, 0) == 0) < 0)
+        if (PyModule_AddIntConstant(m, "HAS_SECCOMP",
+                                    sbx_seccomp_build(probe, SBX_SECCOMP_MAX, &n,
+                                                      SBX_SECCOMP_HARDEN, 0, 0, 0) == 0) < 0)
             return -1;
     }
 #if defined(__linux__) || defined(__APPLE__)

@@ -379,20 +379,23 @@ int sbx_landlock_ruleset(uint64_t handled, const char *const *paths, const uint6
 /* What a filter refuses, a bit set for sbx_seccomp_build (the table in
  * linux/seccomp.c).  Every bit also limits socket families to AF_UNIX,
  * AF_INET, AF_INET6 and NETLINK_ROUTE. */
-#define SBX_SECCOMP_HARDEN    1 /* namespaces, devices, TIOCSTI, ptrace, bpf, mount ... */
-#define SBX_SECCOMP_NET_DENY  2 /* no AF_INET, AF_INET6 socket; io_uring */
-#define SBX_SECCOMP_NET_PROXY 4 /* AF_INET* TCP stream only; io_uring */
-#define SBX_SECCOMP_FAMILIES  8 /* the family allow-list alone (a network namespace) */
-/* The filter's version, in `enforced` ("seccomp:allow-list v2"). */
-#define SBX_SECCOMP_VERSION 2
+#define SBX_SECCOMP_HARDEN    1  /* namespaces, devices, TIOCSTI, ptrace, bpf, mount ... */
+#define SBX_SECCOMP_NET_DENY  2  /* no AF_INET, AF_INET6 socket; io_uring */
+#define SBX_SECCOMP_NET_PROXY 4  /* AF_INET* TCP stream only; io_uring */
+#define SBX_SECCOMP_FAMILIES  8  /* the family allow-list alone (a network namespace) */
+#define SBX_SECCOMP_SIGNALS   16 /* the filter alone keeps signals in: no pidfd_send_signal */
+/* The filter's version, in `enforced` ("seccomp:allow-list v3"). */
+#define SBX_SECCOMP_VERSION 3
 
 /* Build a filter (struct sock_filter[], 8 bytes each) into out (cap
  * instructions) refusing what `what` (SBX_SECCOMP_*) names, and every call
  * of another ABI.  caller, caller_pgid: the sandbox's caller, which the
- * program may not signal (SBX_SECCOMP_HARDEN).  Returns 0 with *n set,
- * -ENOSPC, -EINVAL (nothing asked), or -ENOSYS where this architecture has
- * no filter. */
-int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, int caller_pgid);
+ * program may not signal (SBX_SECCOMP_HARDEN); guard, if > 0: another
+ * process it may not signal, nor its process group (the caller's sentinel,
+ * a group of its own).  Returns 0 with *n set, -ENOSPC, -EINVAL (nothing
+ * asked), or -ENOSYS where this architecture has no filter. */
+int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, int caller_pgid,
+                      int guard);
 
 /* ---- file system chores in one call (fsbatch.c) ------------------------ */
 

@@ -24,6 +24,7 @@ SECCOMP_HARDEN: int
 SECCOMP_NET_DENY: int
 SECCOMP_NET_PROXY: int
 SECCOMP_FAMILIES: int
+SECCOMP_SIGNALS: int
 SECCOMP_VERSION: int
 CAPS_DROP: int
 CAPS_BOUNDING: int
@@ -80,6 +81,7 @@ def spawn(
     drop_caps: int,
     caps_keep: int,
     seccomp: int,
+    seccomp_guard: int,
     landlock_fd: int,
     ns: tuple[
         int,
@@ -110,7 +112,7 @@ def spawn(
     fail_errno: int,
     /,
 ) -> tuple[int, tuple[str, int, int, int] | None, int, int]: ...
-def seccomp_program(what: int, caller: int, caller_pgid: int, /) -> bytes: ...
+def seccomp_program(what: int, caller: int, caller_pgid: int, guard: int = 0, /) -> bytes: ...
 def tree_sample(
     pid: int, skip_root: bool = False, cache: bytearray | None = None, /
 ) -> tuple[int, int, int, float, float, bool]: ...

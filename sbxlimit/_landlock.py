@@ -328,9 +328,12 @@ def plan_scopes(p: Plan, r: Request) -> None:
     elif p.ns_flags & CLONE_NEWPID:
         p.hold("signals", "pidns", "it sees only its own processes")
     elif p.seccomp:
+        # Its pid rules cannot see whom a pidfd_send_signal on a /proc/PID
+        # directory fd reaches: refused whole.
+        p.seccomp_signals = True
         gap = (
-            "the caller and kill(-1) are refused, other processes of the same user are not "
-            f"(Landlock ABI 6 scopes signals; ABI {max(p.landlock, 0)} here)"
+            "the caller, its sentinel and kill(-1) are refused, other processes of the same "
+            f"user are not (Landlock ABI 6 scopes signals; ABI {max(p.landlock, 0)} here)"
         )
         p.hold("signals", "seccomp:caller", gap)
         p.fallbacks["signals"] = gap

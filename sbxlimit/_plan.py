@@ -174,6 +174,7 @@ class Plan:
     no_new_privs: bool = False
     seccomp: bool = False  # the hardening filter (csrc/linux/seccomp.c)
     seccomp_net: int = 0  # SECCOMP_NET_DENY / SECCOMP_NET_PROXY / SECCOMP_FAMILIES bits
+    seccomp_signals: bool = False  # the filter alone keeps signals in (SECCOMP_SIGNALS)
     drop_caps: int = 0  # _core.CAPS_* bits
     caps_keep: int = 0
     new_session: bool = False  # setsid: no controlling terminal
@@ -252,7 +253,8 @@ class Plan:
         """The SECCOMP_* bits of the child's filter (0: none)."""
         from . import _core
 
-        return (_core.SECCOMP_HARDEN if self.seccomp else 0) | self.seccomp_net
+        what = (_core.SECCOMP_HARDEN if self.seccomp else 0) | self.seccomp_net
+        return what | _core.SECCOMP_SIGNALS if self.seccomp_signals else what
 
 
 # request -> (the hard limits its plans depend on, {their values: plan}).

@@ -578,6 +578,7 @@ class Sandbox:
                 p.drop_caps,
                 p.caps_keep,
                 p.seccomp_what,
+                _sentinel.sentinel_pid() or 0,  # made with the cgroup, before this
                 landlock_fd,
                 ns.args if ns is not None else None,
                 cg_dirfd,

@@ -38,9 +38,9 @@ def plan_harden(p: Plan, r: Request) -> None:
             "seccomp",
             f"seccomp:allow-list v{_core.SECCOMP_VERSION}",
             "socket families: unix, inet, netlink route; no new namespaces, setns, device "
-            "nodes, TIOCSTI, signals or prlimit to the caller; EPERM for ptrace, "
-            "process_vm_*, bpf, perf_event_open, keys, userfaultfd, io_uring, mount, modules, "
-            "open_by_handle_at, reboot, clocks",
+            "nodes, TIOCSTI, signals to the caller or its sentinel, prlimit to others; EPERM "
+            "for ptrace, process_vm_*, bpf, perf_event_open, keys, userfaultfd, io_uring, "
+            "mount, modules, open_by_handle_at, reboot, clocks",
         )
         # PR_SET_DUMPABLE does not survive execve; what it would protect
         # against (another process reading this one) is refused instead.

@@ -106,21 +106,24 @@ NR = {
         "tgkill": 234, "tkill": 200, "pidfd_open": 434, "clone3": 435, "ptrace": 101,
         "mount": 165, "reboot": 169, "kcmp": 312, "pidfd_getfd": 438, "bpf": 321,
         "io_uring_setup": 425, "open_tree": 428, "chroot": 161, "swapon": 167,
+        "rt_sigqueueinfo": 129, "pidfd_send_signal": 424,
     },
     "aarch64": {
         "read": 63, "getpid": 172, "socket": 198, "clone": 220, "kill": 129, "ioctl": 29,
         "mknodat": 33, "unshare": 97, "setns": 268, "prlimit64": 261, "tgkill": 131,
         "tkill": 130, "pidfd_open": 434, "clone3": 435, "ptrace": 117, "mount": 40,
         "reboot": 142, "kcmp": 272, "pidfd_getfd": 438, "bpf": 280, "io_uring_setup": 425,
-        "open_tree": 428, "chroot": 51, "swapon": 224,
+        "open_tree": 428, "chroot": 51, "swapon": 224, "rt_sigqueueinfo": 138,
+        "pidfd_send_signal": 424,
     },
 }.get(MACHINE, {})  # fmt: skip
-CALLER, PGID = 4242, 4200
-H, DENY, PROXY, FAM = (
+CALLER, PGID, GUARD = 4242, 4200, 4300  # GUARD: the caller's sentinel
+H, DENY, PROXY, FAM, SIG = (
     _core.SECCOMP_HARDEN,
     _core.SECCOMP_NET_DENY,
     _core.SECCOMP_NET_PROXY,
     _core.SECCOMP_FAMILIES,
+    _core.SECCOMP_SIGNALS,
 )
 
 
@@ -210,6 +213,19 @@ RULES = [
     (H, "tkill", (CALLER, 9), EPERM),
     (H, "pidfd_open", (CALLER, 0), EPERM),
     (H, "pidfd_open", (77, 0), ALLOW),
+    (H, "kill", (GUARD, 9), EPERM),
+    (H, "kill", (-GUARD, 9), EPERM),  # its group of its own
+    (H, "tgkill", (GUARD, GUARD, 9), EPERM),
+    (H, "tkill", (GUARD, 9), EPERM),
+    (H, "rt_sigqueueinfo", (GUARD, 9, 0), EPERM),
+    (H, "rt_sigqueueinfo", (77, 9, 0), ALLOW),
+    (H, "pidfd_open", (GUARD, 0), EPERM),
+    (H, "kill", (-77, 9), ALLOW),  # a group of its own
+    # A pidfd may be a /proc/PID directory's fd, whose process the filter
+    # cannot see: refused whole where nothing else keeps signals in.
+    (H, "pidfd_send_signal", (3, 9, 0, 0), ALLOW),
+    (H | SIG, "pidfd_send_signal", (3, 9, 0, 0), ENOSYS),
+    (H | SIG, "kill", (77, 9), ALLOW),
     (H, "socket", (AF_UNIX, STREAM, 0), ALLOW),
     (H, "socket", (AF_INET, DGRAM, 0), ALLOW),
     (H, "socket", (AF_INET6, STREAM, 0), ALLOW),
@@ -244,14 +260,14 @@ RULES = [
 @pytest.mark.skipif(not NR, reason=f"no filter for {MACHINE}")
 @pytest.mark.parametrize(("what", "call", "args", "expected"), RULES)
 def test_rule(what, call, args, expected):
-    prog = _core.seccomp_program(what, CALLER, PGID)
+    prog = _core.seccomp_program(what, CALLER, PGID, GUARD)
     assert bpf_run(prog, NR[call], args) == expected
 
 
 @pytest.mark.skipif(not NR, reason=f"no filter for {MACHINE}")
 @pytest.mark.parametrize("what", [H, DENY, PROXY, FAM, H | PROXY])
 def test_other_abis_are_refused_whole(what):
-    prog = _core.seccomp_program(what, CALLER, PGID)
+    prog = _core.seccomp_program(what, CALLER, PGID, GUARD)
     assert bpf_run(prog, NR["getpid"], arch=0x40000003) == EPERM  # i386
     if MACHINE == "x86_64":
         assert bpf_run(prog, NR["getpid"] | 0x40000000) == EPERM  # x32
@@ -263,12 +279,24 @@ def test_a_call_is_decided_in_a_few_instructions(what):
     # The kernel emulates the filter for every system call number when it
     # is loaded (and each call the program makes runs it): a binary search
     # over the numbers, not a chain of ~70 comparisons (load 130 -> 64 us).
-    prog = _core.seccomp_program(what, CALLER, PGID)
+    prog = _core.seccomp_program(what, CALLER, PGID, GUARD)
     for nr in range(512):
         assert bpf_trace(prog, nr)[1] <= 20, nr
 
 
 def test_every_program_fits_and_resolves():
-    for what in range(1, 16):
-        prog = _core.seccomp_program(what, CALLER, PGID)
+    for what in range(1, 32):
+        if what == SIG:  # asks for nothing of its own
+            continue
+        prog = _core.seccomp_program(what, CALLER, PGID, GUARD)
         assert 0 < len(prog) // 8 <= 256
+
+
+@pytest.mark.skipif(not NR, reason=f"no filter for {MACHINE}")
+def test_without_a_guard_only_the_caller_is_kept_out_of_reach():
+    # No sentinel (no cgroup made yet): 0 must not refuse kill(0), the
+    # program's own group.
+    prog = _core.seccomp_program(H, CALLER, PGID)
+    assert bpf_run(prog, NR["kill"], (0, 15)) == ALLOW
+    assert bpf_run(prog, NR["kill"], (GUARD, 9)) == ALLOW
+    assert bpf_run(prog, NR["kill"], (CALLER, 9)) == EPERM

@@ -4,6 +4,7 @@ same (_sentinel), unless a sandbox was meant to outlive it."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -245,6 +246,74 @@ def test_a_sandboxed_program_cannot_speak_for_its_caller() -> None:
         text=True,
     )
     assert r.returncode == 1 and "PermissionError" in r.stderr, r.stderr
+
+
+# A policy sandbox where Landlock cannot scope signals (before ABI 6, Linux
+# 6.12; none in the cgroup v2 guest): the filter alone keeps it from the
+# caller and from the sentinel, which would otherwise outlive a kill of
+# the caller.  Every way a signal reaches a process, as SIGKILL.
+KILL_SENTINEL = """
+import json, os, sys, time
+import sbxlimit
+from sbxlimit import _core, _sentinel
+if _core.landlock_abi() >= 6:
+    _core.landlock_abi = lambda: 5  # a ruleset of Linux 6.10: no signal scope
+prog = '''
+import ctypes, json, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+TGKILL = {"x86_64": 234, "aarch64": 131}[os.uname().machine]
+sentinel, caller = int(sys.argv[1]), int(sys.argv[2])
+def proc(pid):
+    return os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+def tgkill(pid):
+    if libc.syscall(TGKILL, pid, pid, 9) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+tries = {
+    "kill": lambda: os.kill(sentinel, 9),
+    "kill its group": lambda: os.killpg(sentinel, 9),
+    "tgkill": lambda: tgkill(sentinel),
+    "pidfd_open": lambda: signal.pidfd_send_signal(os.pidfd_open(sentinel), 9),
+    "its /proc directory": lambda: signal.pidfd_send_signal(proc(sentinel), 9),
+    "the caller's /proc directory": lambda: signal.pidfd_send_signal(proc(caller), 0),
+}
+out = {}
+for name, attack in tries.items():
+    try:
+        attack()
+        out[name] = "reached"
+    except OSError as e:
+        out[name] = os.strerror(e.errno)
+print(json.dumps(out))
+'''
+sbxlimit.run(["true"], limits=sbxlimit.Limits(pids=8))  # this process's sentinel
+sentinel = _sentinel.sentinel_pid()
+r = sbxlimit.run([sys.executable, "-c", prog, str(sentinel), str(os.getpid())],
+                 limits=sbxlimit.Limits(pids=8, wall_time=30), capture_output=True, text=True,
+                 policy=sbxlimit.Policy(workdir="/", isolate_pids=False))
+assert r.returncode == 0, r.stderr
+time.sleep(0.2)  # a SIGKILL's end
+try:
+    with open(f"/proc/{sentinel}/stat") as f:  # (a zombie until init reaps it)
+        state = f.read().rsplit(")", 1)[1].split()[0]
+except FileNotFoundError:
+    state = "X"
+print(json.dumps({"tries": json.loads(r.stdout), "signals": r.enforced.get("signals"),
+                  "alive": state not in ("Z", "X"),
+                  "own group": os.getpgid(sentinel) == sentinel}))
+"""
+
+
+@needs_cgroup
+@pytest.mark.skipif(
+    report().check("seccomp").status != "ok", reason=f"no seccomp filter ({why_not('seccomp')})"
+)
+def test_a_policy_sandbox_cannot_kill_the_sentinel_where_landlock_cannot_scope_signals() -> None:
+    r = subprocess.run([PY, "-c", KILL_SENTINEL], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["signals"].startswith("seccomp:"), got  # the filter alone holds them
+    assert got["alive"] and got["own group"], got
+    assert "reached" not in got["tries"].values(), got
 
 
 def test_a_program_of_the_same_user_cannot_open_the_sentinel_s_pipe(tmp_path) -> None:

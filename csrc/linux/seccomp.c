@@ -19,7 +19,11 @@
  *                 SIOCGSKNS (a socket's network namespace as an fd)
  *   prlimit64     changes only to the caller itself (pid 0)
  *   signals       kill(-1), and any signal or pidfd for the sandbox's
- *                 caller or its process group
+ *                 caller or its process group, or for the caller's
+ *                 sentinel (a group of its own); where nothing else keeps
+ *                 signals in (SBX_SECCOMP_SIGNALS), pidfd_send_signal
+ *                 (ENOSYS): its fd may be a /proc/PID directory, whose
+ *                 process the filter cannot see
  *   socket        AF_UNIX, AF_INET, AF_INET6 and NETLINK_ROUTE only
  *                 (EAFNOSUPPORT): no vsock (a way out of any network
  *                 namespace, to the hypervisor), packet, XDP, alg,
@@ -293,7 +297,8 @@ static void dispatch(struct prog *p, const struct route *r, size_t n)
 }
 #endif
 
-int sbx_seccomp_build(void *buf, size_t cap, size_t *n_out, int what, int caller, int caller_pgid)
+int sbx_seccomp_build(void *buf, size_t cap, size_t *n_out, int what, int caller, int caller_pgid,
+                      int guard)
 {
 #ifdef SBX_AUDIT_ARCH
     struct prog p;
@@ -333,6 +338,10 @@ int sbx_seccomp_build(void *buf, size_t cap, size_t *n_out, int what, int caller
         for (i = 0; i < N_SIGNALLING; i++)
             route(routes, &n_routes, signalling[i], L_SIGNAL);
     }
+#ifdef SYS_pidfd_send_signal
+    if (what & SBX_SECCOMP_SIGNALS)
+        route(routes, &n_routes, SYS_pidfd_send_signal, L_ENOSYS);
+#endif
 #ifdef SYS_io_uring_setup
     /* io_uring makes sockets without socket(2): refused with any net rule. */
     if (inet && !harden)
@@ -387,13 +396,19 @@ int sbx_seccomp_build(void *buf, size_t cap, size_t *n_out, int what, int caller
         JEQ(&p, 0, L_NONE, L_EPERM);
         LD(&p, ARG_HI(2));
         JEQ(&p, 0, L_ALLOW, L_EPERM);
-        /* kill(pid, sig): not everyone (-1), not the caller or its group. */
+        /* kill(pid, sig): not everyone (-1), not the caller or its group,
+         * not the guarded process's group.  (A pid of 0 is the sandbox's own
+         * group: never a guard.) */
         label(&p, L_KILL);
         LD(&p, ARG_LO(0));
         JEQ(&p, 0xffffffffu, L_EPERM, L_NONE);
         JEQ(&p, (unsigned)-caller_pgid, L_EPERM, L_NONE);
+        if (guard > 0)
+            JEQ(&p, (unsigned)-guard, L_EPERM, L_NONE);
         label(&p, L_SIGNAL);
         LD(&p, ARG_LO(0));
+        if (guard > 0)
+            JEQ(&p, (unsigned)guard, L_EPERM, L_NONE);
         JEQ(&p, (unsigned)caller, L_EPERM, L_ALLOW);
     }
 
@@ -445,6 +460,7 @@ int sbx_seccomp_build(void *buf, size_t cap, size_t *n_out, int what, int caller
     (void)what;
     (void)caller;
     (void)caller_pgid;
+    (void)guard;
     return -ENOSYS;
 #endif
 }

@@ -129,6 +129,10 @@ int main(int argc, char **argv)
         int n = snprintf(said, sizeof said, "%d", (int)pid);
         return write(1, said, (size_t)n) == n ? 0 : 3;
     }
+    /* A process group of its own, whose id is its pid: the one group a
+     * sandbox's filter must refuse signals to besides the caller's. */
+    if (setpgid(0, 0) != 0)
+        return 2;
     /* A stop of the caller's service signals each of its processes: the
      * caller goes, this one must stay to end what it left.  (Ignored signals
      * stay ignored through the exec at the end.) */

@@ -4,7 +4,8 @@
 
 #include "../sbx_internal.h"
 
-int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, int caller_pgid)
+int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, int caller_pgid,
+                      int guard)
 {
     (void)out;
     (void)cap;
@@ -12,6 +13,7 @@ int sbx_seccomp_build(void *out, size_t cap, size_t *n, int what, int caller, in
     (void)what;
     (void)caller;
     (void)caller_pgid;
+    (void)guard;
     return -ENOSYS;
 }
 
