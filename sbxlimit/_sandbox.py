@@ -578,7 +578,9 @@ class Sandbox:
                 p.drop_caps,
                 p.caps_keep,
                 p.seccomp_what,
-                _sentinel.sentinel_pid() or 0,  # made with the cgroup, before this
+                # Made with the cgroup, before this; a PID namespace hides it
+                # (and there its number may be one of the sandbox's own).
+                0 if p.ns_flags & CLONE_NEWPID else _sentinel.sentinel_pid() or 0,
                 landlock_fd,
                 ns.args if ns is not None else None,
                 cg_dirfd,

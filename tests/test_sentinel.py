@@ -4,6 +4,7 @@ same (_sentinel), unless a sandbox was meant to outlive it."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -314,6 +315,26 @@ def test_a_policy_sandbox_cannot_kill_the_sentinel_where_landlock_cannot_scope_s
     assert got["signals"].startswith("seccomp:"), got  # the filter alone holds them
     assert got["alive"] and got["own group"], got
     assert "reached" not in got["tries"].values(), got
+
+
+@needs_cgroup
+@pytest.mark.skipif(report().check("pid_namespace").status != "ok", reason=why_not("pid_namespace"))
+def test_in_a_pid_namespace_the_sentinel_s_number_is_not_refused() -> None:
+    # There the filter has nothing to guard (the namespace hides the
+    # sentinel), and the number may be one of the sandbox's own processes.
+    sbxlimit.run(["true"], limits=Limits(pids=8))  # this process's sentinel
+    pid = _sentinel.sentinel_pid()
+    assert pid
+    code = f"import os\ntry:\n    os.kill({pid}, 0)\nexcept OSError as e:\n    print(e.errno)"
+    r = sbxlimit.run(
+        [PY, "-c", code],
+        limits=Limits(pids=8),
+        policy=Policy(workdir="/", isolate_pids=True),
+        capture_output=True,
+        text=True,
+    )
+    assert r.enforced["signals"].startswith(("pidns", "landlock")), r.enforced
+    assert r.stdout.strip() == str(errno.ESRCH), (r.stdout, r.stderr)
 
 
 def test_a_program_of_the_same_user_cannot_open_the_sentinel_s_pipe(tmp_path) -> None:
