@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -100,12 +101,8 @@ def _git_dirs(git: str, watch: _Watching | None = None) -> list[str]:
         return [git]
     if watch is not None:
         watch.files([git])
-    try:
-        with open(git) as f:
-            line = f.readline(4096).strip()
-    except (OSError, UnicodeDecodeError):
-        return []
-    if not line.startswith("gitdir:"):
+    line = _first_line(git)
+    if line is None or not line.startswith("gitdir:"):
         return []
     target = os.path.join(os.path.dirname(git), line[len("gitdir:") :].strip())
     out = [os.path.realpath(target)]
@@ -113,13 +110,56 @@ def _git_dirs(git: str, watch: _Watching | None = None) -> list[str]:
     if watch is not None:
         watch.dirs([out[0]], top=True)  # a commondir made later
         watch.files([commondir])
-    try:
-        with open(commondir) as f:
-            common = f.readline(4096).strip()
+    common = _first_line(commondir)
+    if common is not None:
         out.append(os.path.realpath(os.path.join(out[0], common)))
-    except (OSError, UnicodeDecodeError):
-        pass
     return out
+
+
+_O_PATH = getattr(os, "O_PATH", 0)
+
+
+def _first_line(path: str) -> str | None:
+    """The first line of `path` if it is a regular file (a link followed),
+    else None.  A sandbox may have put a FIFO, or a link to a device, where
+    a ``.git`` file is looked for: opening a FIFO blocks the caller for
+    good, opening a device (as root) runs its driver."""
+    try:
+        fd = _open_regular(path)
+        if fd < 0:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        return data.split(b"\n", 1)[0].decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _open_regular(path: str) -> int:
+    """`path` opened for reading if it is a regular file, else -1.  Pinned
+    first without being opened (O_PATH), then opened through the pin: the
+    inode checked is the inode read.  Without O_PATH or /proc, checked by
+    name first: a swap in between opens a device's driver, but never waits
+    (O_NONBLOCK), and is not read."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+    if _O_PATH:
+        pin = os.open(path, _O_PATH | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(pin).st_mode):
+                return -1
+            try:
+                return os.open(f"/proc/self/fd/{pin}", flags)
+            except FileNotFoundError:
+                pass  # no /proc here
+        finally:
+            os.close(pin)
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return -1
+    return os.open(path, flags)
 
 
 def _repo_paths(git: str, watch: _Watching | None = None) -> list[str]:

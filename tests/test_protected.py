@@ -5,9 +5,11 @@ protected in the second, however far apart they come."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -266,3 +268,35 @@ def test_a_change_ends_only_the_listings_that_watch_where_it_happened(tmp_path):
     (a / "d1" / "new").mkdir()
     assert listings.get((str(a),)) is None
     assert listings.get((str(b),)) is not None
+
+
+@pytest.mark.parametrize("how", ["a FIFO", "a link to a FIFO", "a link to a FIFO's gitdir"])
+def test_a_fifo_where_a_git_file_is_looked_for_never_blocks_a_spawn(tmp_path, how):
+    # A sandbox with a writable workdir plants it; the caller's search before
+    # the next spawn with that workdir opened it and waited for a writer for
+    # good (an attack review, 2026-11-28).  Devices are not opened either.
+    work, fifo = tmp_path / "work", tmp_path / "fifo"
+    work.mkdir()
+    os.mkfifo(fifo)
+    if how == "a FIFO":
+        os.mkfifo(work / ".git")
+    elif how == "a link to a FIFO":
+        (work / ".git").symlink_to(fifo)
+    else:  # a real worktree file whose gitdir holds a FIFO as its commondir
+        (tmp_path / "wt").mkdir()
+        os.mkfifo(tmp_path / "wt" / "commondir")
+        (work / ".git").write_text(f"gitdir: {tmp_path / 'wt'}\n")
+    done = threading.Event()
+
+    def spawn() -> None:
+        sbxlimit.run(["true"], policy=Policy(workdir=str(work)))
+        done.set()
+
+    threading.Thread(target=spawn, daemon=True).start()
+    try:
+        assert done.wait(30), "the spawn waits on the FIFO"
+    finally:
+        for f in (work / ".git", fifo, tmp_path / "wt" / "commondir"):
+            with contextlib.suppress(OSError):  # let a blocked open go
+                os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
+        done.wait(10)
