@@ -15,12 +15,14 @@ and the parent keeps it, so the workspace stays readable (through
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
+import errno
 import functools
 import os
 import queue
-import shutil
 import socket
+import stat
 import sys
 import threading
 import time
@@ -1062,15 +1064,120 @@ def fd_path(fd: int) -> str:
 def copy_out(fd: int, dest: str) -> None:
     """Copy the tmpfs's contents into `dest` (keep_workdir: the directory
     outlives the sandbox, the tmpfs cannot).  What cannot be copied (a file
-    the program made unreadable) is named in a RuntimeWarning; the rest is
-    copied."""
+    the program made unreadable, a FIFO) is named in a RuntimeWarning; the
+    rest is copied.
+
+    The copy, made as the caller (root, often) on the host's filesystem,
+    holds no more than the tmpfs did: holes stay holes, hard links stay
+    links, and it stops at the bytes the tmpfs used.  A sparse file or a
+    file of many names would otherwise have written far past `disk` (an
+    attack review, 2026-11-28).  The walk is a loop: a deep tree is not a
+    recursion."""
+    src = fd_path(fd)
     try:
-        shutil.copytree(fd_path(fd), dest, symlinks=True, dirs_exist_ok=True)
-    except shutil.Error as e:
-        failed = [str(src).replace(fd_path(fd), "", 1) or "/" for src, _dst, _why in e.args[0]]
+        vfs = os.fstatvfs(fd)
+        room = [(vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize]
+    except OSError:
+        room = [0]
+    failed: list[str] = []
+    links: dict[tuple[int, int], str] = {}
+    dirs: list[tuple[str, os.stat_result]] = []  # their modes set last
+    todo = [""]
+    while todo:
+        rel = todo.pop()
+        try:
+            with os.scandir(os.path.join(src, rel)) as it:
+                entries = list(it)
+        except OSError:
+            failed.append(rel or "/")
+            continue
+        for e in entries:
+            name = os.path.join(rel, e.name)
+            to = os.path.join(dest, name)
+            try:
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    if not stat.S_ISDIR(_lstat_mode(to)):
+                        os.mkdir(to, 0o700)
+                    dirs.append((to, st))
+                    todo.append(name)
+                elif stat.S_ISLNK(st.st_mode):
+                    os.symlink(os.readlink(e.path), to)
+                elif not stat.S_ISREG(st.st_mode):
+                    failed.append(name)  # a FIFO, a socket, a device
+                elif st.st_nlink > 1 and (st.st_dev, st.st_ino) in links:
+                    os.link(links[(st.st_dev, st.st_ino)], to, follow_symlinks=False)
+                else:
+                    _copy_file(e.path, to, st, room)
+                    if st.st_nlink > 1:
+                        links[(st.st_dev, st.st_ino)] = to
+            except OSError:
+                failed.append(name)
+    for to, st in reversed(dirs):  # the deepest first: a mode may close a way in
+        with contextlib.suppress(OSError):
+            os.chmod(to, stat.S_IMODE(st.st_mode))  # a directory of ours (made, or lstat'ed)
+            os.utime(to, ns=(st.st_atime_ns, st.st_mtime_ns))
+    if failed:
         warnings.warn(
             f"sbxlimit: keep_workdir: {len(failed)} entries of the tmpfs workspace could not be "
-            f"copied to {dest}: {', '.join(failed[:5])}{' ...' if len(failed) > 5 else ''}",
+            f"copied to {dest}: {', '.join('/' + f.lstrip('/') for f in failed[:5])}"
+            f"{' ...' if len(failed) > 5 else ''}",
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0
+
+
+_CHUNK = 1 << 20
+
+
+def _copy_file(src: str, dest: str, st: os.stat_result, room: list[int]) -> None:
+    """Copy the regular file `src` to `dest`, its data only (holes stay
+    holes), out of `room` (bytes left; OSError(ENOSPC) past it, and no
+    partial file left)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    sfd = os.open(src, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(sfd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        dfd = os.open(
+            dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        try:
+            size = os.fstat(sfd).st_size
+            at = 0
+            while at < size:
+                try:
+                    data = os.lseek(sfd, at, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == errno.ENXIO:
+                        break  # only a hole is left
+                    raise
+                end = min(os.lseek(sfd, data, os.SEEK_HOLE), size)
+                if end - data > room[0]:
+                    raise OSError(errno.ENOSPC, "past what the tmpfs held")
+                room[0] -= end - data
+                while data < end:
+                    chunk = os.pread(sfd, min(_CHUNK, end - data), data)
+                    if not chunk:
+                        break
+                    os.pwrite(dfd, chunk, data)
+                    data += len(chunk)
+                at = end
+            os.ftruncate(dfd, size)
+            os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+            os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        except BaseException:
+            os.close(dfd)
+            with contextlib.suppress(OSError):
+                os.unlink(dest)
+            raise
+        os.close(dfd)
+    finally:
+        os.close(sfd)

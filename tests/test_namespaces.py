@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 
 import sbxlimit
-from sbxlimit import Limits, Policy, _core, _namespaces
+from sbxlimit import Limits, Policy, _core, _fstree, _namespaces
 from sbxlimit._namespaces import CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, namespaces
 from sbxlimit._seccomp import seccomp_works
 
@@ -1254,6 +1254,56 @@ def test_disk_tmpfs_keep_workdir_copies_it_out():
         import shutil
 
         shutil.rmtree(host_dir)
+
+
+@needs_mntns
+def test_disk_tmpfs_keep_workdir_copies_no_more_than_the_tmpfs_held():
+    # The copy is the caller's (root's, often) on the host's disk: a sparse
+    # file stays sparse, a file of many names stays one file, and nothing
+    # past what the tmpfs used is written (a 16 MiB sandbox made root write
+    # 504 MiB this way: an attack review, 2026-11-28).
+    prog = (
+        "import os\n"
+        "with open('sparse', 'wb') as f: f.truncate(300 << 20)\n"
+        "with open('real', 'wb') as f: f.write(b'y' * (4 << 20))\n"
+        "for i in range(50): os.link('real', f'link{i}')\n"
+    )
+    pol = Policy(keep_workdir=True, protect_dotfiles=False)
+    r = sbxlimit.run([PY, "-c", prog], limits={"disk": "16Mi"}, policy=pol, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    host_dir = r.workspace
+    try:
+        sizes = {}
+        for dirpath, _dirs, files in os.walk(host_dir):
+            for name in files:
+                st = os.lstat(os.path.join(dirpath, name))
+                sizes[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+        assert sum(sizes.values()) <= 5 << 20, sizes  # 4 MiB of data, once
+        sparse, real = os.stat(f"{host_dir}/sparse"), os.stat(f"{host_dir}/real")
+        assert sparse.st_size == 300 << 20 and real.st_nlink == 51
+        with open(f"{host_dir}/link7", "rb") as f:
+            assert f.read() == b"y" * (4 << 20)
+    finally:
+        _fstree.remove_tree(host_dir)
+
+
+@needs_mntns
+def test_disk_tmpfs_keep_workdir_copies_a_deep_tree():
+    # shutil.copytree recursed: a chain of 700 directories raised
+    # RecursionError out of run(), the result lost.
+    prog = (
+        "import os\n"
+        "for _ in range(700): os.mkdir('d'); os.chdir('d')\n"
+        "open('bottom', 'w').write('here')\n"
+    )
+    pol = Policy(keep_workdir=True, protect_dotfiles=False)
+    r = sbxlimit.run([PY, "-c", prog], limits={"disk": "16Mi"}, policy=pol, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    try:
+        with open(os.path.join(r.workspace, *["d"] * 700, "bottom")) as f:
+            assert f.read() == "here"
+    finally:
+        _fstree.remove_tree(r.workspace)
 
 
 @needs_mntns
