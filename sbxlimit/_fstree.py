@@ -115,13 +115,48 @@ def walk(path: str, visit: Visit, *, open_up: bool = False) -> bool:
             done = here[0]
             parent_name, parent_ident, entries = stack.pop()
             if _ident(os.fstat(fd)) != parent_ident:
-                return False  # moved meanwhile: ".." is not where we came from
+                # The directory we were in moved meanwhile: ".." is not where
+                # we came from.  Its parent again by name from the top, each
+                # level checked; a program that moves what it is measured in
+                # must not end the walk there (what comes after it would not
+                # be counted).  Gone too: the walk stops.
+                os.close(fd)
+                fd = -1
+                chain = [(n, i) for n, i, _e in stack] + [(parent_name, parent_ident)]
+                fd = _reopen(path, top, chain)
+                if fd < 0:
+                    return False
             visit(fd, done, True)
             here = (parent_name, parent_ident)
     except OSError:
         return False
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
+
+
+def _reopen(path: str, top: int, chain: list[tuple[str, tuple[int, int]]]) -> int:
+    """The directory `chain` names from `path` (each level's name in its
+    parent and identity; the first is `path` itself), or -1 if a level is
+    not the one it was."""
+    try:
+        fd = os.open(path, top)
+    except OSError:
+        return -1
+    for depth, (name, ident) in enumerate(chain):
+        if depth:
+            try:
+                child = os.open(name, _DIR, dir_fd=fd)
+            except OSError:
+                child = -1
+            os.close(fd)
+            fd = child
+            if fd < 0:
+                return -1
+        if _ident(os.fstat(fd)) != ident:
+            os.close(fd)
+            return -1
+    return fd
 
 
 def _list(fd: int, open_up: bool) -> list[tuple[str, bool]]:
@@ -189,8 +224,25 @@ def remove_tree(path: str) -> bool:
 _CONTENDED = 10.0
 
 
+# Walks of a size before its largest count is taken (each cut short).
+_SIZE_TRIES = 3
+
+
 def tree_size(path: str) -> int:
-    """Bytes allocated under `path` (hard links once; links not followed)."""
+    """Bytes allocated under `path` (hard links once; links not followed).
+    A walk cut short (a directory above the one it was in moved, or
+    `path` could not be opened) is tried again, a few times: what it did
+    not reach is not counted."""
+    most = 0
+    for _ in range(_SIZE_TRIES):
+        total, whole = _tree_size(path)
+        most = max(most, total)
+        if whole:
+            return total
+    return most
+
+
+def _tree_size(path: str) -> tuple[int, bool]:
     total = 0
     seen: set[tuple[int, int]] = set()
 
@@ -206,5 +258,5 @@ def tree_size(path: str) -> int:
             seen.add(_ident(st))
         total += st.st_blocks * 512
 
-    walk(path, count)
-    return total
+    whole = walk(path, count)
+    return total, whole

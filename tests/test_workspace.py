@@ -16,7 +16,7 @@ import time
 import pytest
 
 import sbxlimit
-from sbxlimit import Limits, Policy
+from sbxlimit import Limits, Policy, _fstree
 from sbxlimit._namespaces import CLONE_NEWNS, namespaces
 
 from .conftest import (
@@ -834,6 +834,64 @@ def test_disk_counts_what_the_program_writes_past_path_max(tmp_path):
         sample_interval="20ms",
     )
     assert r.termination.reason == "disk", r.termination
+
+
+# The program hides what it writes from the watchdog's walk: it watches a
+# decoy directory (inotify) and moves it to another parent each time the
+# walk opens it; the walk's ".." is then not where it came from, and a walk
+# that stopped there counted nothing past the decoy (an attack review,
+# 2026-11-28).  The decoy gets the name the walk takes first, the big file
+# the one it takes last.
+HIDE_FROM_THE_WALK = """
+import ctypes, os, select, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+names = [f"c{i}" for i in range(400)]
+for n in names:
+    open(n, "w").close()
+order = [n for n in os.listdir(".") if n in names]
+big, decoy = order[0], order[-1]
+os.unlink(decoy)
+os.mkdir(decoy)
+for j in range(2000):  # a longer stay in it
+    open(f"{decoy}/f{j}", "w").close()
+os.mkdir("alt")
+ino = libc.inotify_init1(os.O_NONBLOCK)
+assert libc.inotify_add_watch(ino, decoy.encode(), 0x20) >= 0  # IN_OPEN
+if os.fork() == 0:
+    where = ""
+    while True:
+        select.select([ino], [], [])
+        try:
+            os.read(ino, 4096)
+        except BlockingIOError:
+            continue
+        other = "" if where else "alt/"
+        try:
+            os.rename(where + decoy, other + decoy)
+            where = other
+        except OSError:
+            pass
+with open(big, "wb") as f:
+    for _ in range(64):  # 64 MiB against 16
+        f.write(b"x" * (1 << 20))
+        time.sleep(0.02)
+time.sleep(2)
+print("unseen", flush=True)
+os.truncate(big, 0)  # nothing left for the measure at the reap
+"""
+
+
+@pytest.mark.skipif(not _fstree.usable, reason="no *at calls here: the walk goes by path")
+def test_a_program_that_moves_what_the_walk_is_in_is_still_measured(tmp_path):
+    r = sbxlimit.run(
+        [PY, "-c", HIDE_FROM_THE_WALK],
+        limits=Limits(disk="16Mi", wall_time=60),
+        policy=Policy(workdir=str(tmp_path), protect_dotfiles=False),
+        capture_output=True,
+        text=True,
+    )
+    assert r.termination.reason == "disk", (r.termination, r.stdout, r.stderr[-300:])
+    assert "unseen" not in r.stdout
 
 
 def test_a_failed_spawn_removes_the_workspace():
