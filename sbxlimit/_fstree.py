@@ -201,10 +201,11 @@ def remove_tree(path: str) -> bool:
         except OSError:
             pass
         return not os.path.lexists(path)
-    # Again while a pass gets further, or is cut short by what another
-    # thread removes (the exit's removal meeting the janitor's): the tree
-    # is gone when this returns True, whoever removed it.
-    give_up = time.monotonic() + _CONTENDED
+    # Again while a pass gets further (a few times), or is cut short by
+    # what another thread removes (the exit's removal meeting the
+    # janitor's): the tree is gone when this returns True, whoever removed it.
+    start = time.monotonic()
+    further = 0  # passes that got further
     while True:
         before = removed
         whole = walk(path, remove, open_up=True)
@@ -214,14 +215,24 @@ def remove_tree(path: str) -> bool:
             pass
         if not os.path.lexists(path):
             return True
-        if removed == before and (whole or time.monotonic() > give_up):
-            return False  # what is left cannot be removed
+        now = time.monotonic()
         if removed == before:
+            if whole or now > start + _CONTENDED:
+                return False  # what is left cannot be removed
             time.sleep(0.01)
+            continue
+        further += 1
+        if further >= _PASSES or now > start + _FURTHER:
+            return False  # a program still makes what is removed
 
 
 # Seconds a removal goes on while another removes the same tree.
 _CONTENDED = 10.0
+# Passes that get further, at most, and seconds: a program that makes
+# files as fast as they go (or more for each removed) would otherwise hold
+# its remover (the caller's exit) for as long as it likes.
+_PASSES = 16
+_FURTHER = 2.0
 
 
 # Walks of a size before its largest count is taken (each cut short).

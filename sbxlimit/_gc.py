@@ -257,6 +257,10 @@ def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = F
             # its workspaces could be a live program's files.
             continue
         names = [n for n in by_owner.get(pid, []) if _ours(os.path.join(tmp, n))]
+        # A workspace a program still works in (a sandbox that outlived its
+        # caller) is its own: left until it is done there.
+        busy = _workspace.in_use(os.path.join(tmp, n) for n in names)
+        names = [n for n in names if os.path.join(tmp, n) not in busy]
         if dry_run:
             if _nobody_holds(tmp, pid):
                 removed += [f"workspace {os.path.join(tmp, n)}" for n in names]
@@ -278,8 +282,11 @@ def collect_workspaces(tmp: str, *, dry_run: bool = False, locked_only: bool = F
     for pid, owned in by_owner.items():
         if pid in judged or owner_alive(pid):
             continue
+        busy = _workspace.in_use(os.path.join(tmp, n) for n in owned)
         for name in owned:
             path = os.path.join(tmp, name)
+            if path in busy:
+                continue
             if _ours(path) and (dry_run or _workspace.remove(path)):
                 removed.append(f"workspace {path}")
     return removed

@@ -22,6 +22,7 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 
 from . import _fstree, _owner
 from ._exit import WORKSPACES, at_exit
@@ -366,10 +367,38 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def in_use(paths: Iterable[str]) -> set[str]:
+    """Those of `paths` (workspaces) where a process still works: its
+    working directory there or below (a sandbox meant to outlive its
+    caller, `die_with_parent=False`).  Linux (/proc); elsewhere none."""
+    wanted = {p.rstrip("/") for p in paths}
+    busy: set[str] = set()
+    if not wanted:
+        return busy
+    try:
+        pids = [n for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return busy
+    for pid in pids:
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue  # gone, or not ours to look at
+        for p in wanted:
+            if cwd == p or cwd.startswith(p + "/"):
+                busy.add(p)
+    return busy
+
+
 @at_exit(WORKSPACES)
 def _remove_left() -> None:
-    # Sandboxes never closed: their workspaces go with the interpreter;
-    # then our owner locks, where nothing of ours is left.
-    for path in list(_live):
-        remove(path)
+    # Sandboxes never closed: their workspaces go with the interpreter, but
+    # those a program still works in (one meant to outlive us: removing its
+    # files under it, as long as it makes more, held our exit); then our
+    # owner locks, where nothing of ours is left.
+    left = list(_live)
+    busy = in_use(left)
+    for path in left:
+        if path.rstrip("/") not in busy:
+            remove(path)
     _owner.release_all(_owner.WORKSPACE_PREFIX)

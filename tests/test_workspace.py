@@ -6,6 +6,7 @@ import fcntl
 import os
 import pathlib
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from .conftest import (
     in_a_fork,
     privileges,
     settled_temp,
+    wait_gone,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:sbxlimit.*not enforced here:RuntimeWarning")
@@ -892,6 +894,86 @@ def test_a_program_that_moves_what_the_walk_is_in_is_still_measured(tmp_path):
     )
     assert r.termination.reason == "disk", (r.termination, r.stdout, r.stderr[-300:])
     assert "unseen" not in r.stdout
+
+
+OUTLIVES = """
+import subprocess, sys
+import sbxlimit
+# A program that works in its workspace, making files, after we are gone.
+prog = ("import time\\nwhile True:\\n"
+        "    open(f'f{time.monotonic_ns()}', 'w').close(); time.sleep(0.001)")
+p = sbxlimit.Popen([sys.executable, "-c", prog], policy=sbxlimit.Policy(protect_dotfiles=False),
+                   die_with_parent=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(p.pid, p.workspace, flush=True)
+"""
+
+
+def test_a_sandbox_that_outlives_its_caller_keeps_its_workspace_until_it_is_done(tmp_path):
+    # Its caller's exit removed its files under it, and was held as long as
+    # it made more; `sbxlimit gc` did the same once the caller was gone (an
+    # attack review, 2026-11-28).
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    t0 = time.monotonic()
+    out = subprocess.run([PY, "-c", OUTLIVES], capture_output=True, text=True, env=env, timeout=60)
+    exit_took = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    pid, ws = out.stdout.split()
+    pid = int(pid)
+    try:
+        assert exit_took < 10, exit_took
+        time.sleep(0.3)
+        assert alive(pid) and os.path.isdir(ws) and len(os.listdir(ws)) > 10
+        gc = subprocess.run(
+            [PY, "-m", "sbxlimit", "gc"], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert gc.returncode == 0, gc.stderr
+        assert ws not in gc.stdout and os.path.isdir(ws), gc.stdout
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        wait_gone([pid])
+    # Done there: now it is a dead owner's leftover like any other.
+    gc = subprocess.run(
+        [PY, "-m", "sbxlimit", "gc"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert not os.path.exists(ws), gc.stdout
+
+
+@pytest.mark.skipif(not _fstree.usable, reason="no *at calls here: the walk goes by path")
+def test_a_removal_is_not_held_by_a_program_that_keeps_making_files(tmp_path):
+    # Each pass got further, so it went on as long as files came: the
+    # caller's exit was held for as long as a program chose to make them.
+    tree = tmp_path / "ws"
+    tree.mkdir()
+    code = (  # each file removed is made again, twice, as long as it can
+        "import ctypes, os, sys, time\n"
+        "os.chdir(sys.argv[1])\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "ino = libc.inotify_init1(0)\n"
+        "libc.inotify_add_watch(ino, b'.', 0x200)  # IN_DELETE\n"
+        "i = 0\n"
+        "for _ in range(50):\n"
+        "    os.close(os.open(f'{sys.argv[2]}-{i}', os.O_CREAT | os.O_WRONLY)); i += 1\n"
+        "end = time.monotonic() + 30\n"
+        "while time.monotonic() < end:\n"
+        "    n = len(os.read(ino, 65536)) // 16 + 1\n"
+        "    try:\n"
+        "        for _ in range(2 * n):\n"
+        "            os.close(os.open(f'{sys.argv[2]}-{i}', os.O_CREAT | os.O_WRONLY)); i += 1\n"
+        "    except FileNotFoundError:\n"
+        "        break  # removed\n"
+    )
+    makers = [subprocess.Popen([PY, "-c", code, str(tree), str(n)]) for n in range(2)]
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        _fstree.remove_tree(str(tree))
+        took = time.monotonic() - t0
+    finally:
+        for m in makers:
+            m.kill()
+            m.wait()
+        shutil.rmtree(tree, ignore_errors=True)
+    assert took < 10, took
 
 
 def test_a_failed_spawn_removes_the_workspace():
