@@ -1076,7 +1076,8 @@ def copy_out(fd: int, dest: str) -> None:
     src = fd_path(fd)
     try:
         vfs = os.fstatvfs(fd)
-        room = [(vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize]
+        # (A tmpfs without a size says 0 blocks: nothing to hold it to.)
+        room = [(vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize if vfs.f_blocks else 1 << 62]
     except OSError:
         room = [0]
     failed: list[str] = []
