@@ -438,6 +438,8 @@ class Sandbox:
                 ws = self.workspace = self.workspace_dir = ws or _workspace.create(
                     self.id, keep=self.plan.keep_workspace
                 )
+                if self.die_with_parent is False:
+                    _workspace.outlives(ws)  # left at our exit while it works there
                 if cwd is None:
                     cwd = ws
                 if not inherit:

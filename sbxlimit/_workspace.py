@@ -312,6 +312,7 @@ def discard(path: str, final_size: FinalSize | None = None) -> str | None:
             final_size.path = trash
     with _lock:
         _live.discard(path)
+        _outliving.discard(path)  # closed: its program is done
         _live.add(trash)  # still removed at exit if the supervisor is not done
     return trash
 
@@ -361,10 +362,23 @@ def _forget_after_fork() -> None:
     # parent's workspaces: its exit must not remove them.
     global _lock
     _live.clear()
+    _outliving.clear()
     _lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+# Workspaces of sandboxes meant to outlive this process (die_with_parent=
+# False): left at exit while a process works there.  The others' programs
+# die with us (the parent-death signal) or were ended before.
+_outliving: set[str] = set()
+
+
+def outlives(path: str) -> None:
+    """The workspace `path` is a sandbox's that may outlive this process."""
+    with _lock:
+        _outliving.add(path)
 
 
 def in_use(paths: Iterable[str]) -> set[str]:
@@ -397,7 +411,7 @@ def _remove_left() -> None:
     # files under it, as long as it makes more, held our exit); then our
     # owner locks, where nothing of ours is left.
     left = list(_live)
-    busy = in_use(left)
+    busy = in_use(p for p in left if p in _outliving)
     for path in left:
         if path.rstrip("/") not in busy:
             remove(path)
