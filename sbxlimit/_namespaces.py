@@ -176,20 +176,22 @@ def plan_disk(p: Plan, r: Request) -> None:
     p.workspace = True
     p.disk_tmpfs = True
     p.tmpfs_size = n if "disk" in lim.tolerate else n + max(1 << 20, n // 16)
+    p.tmpfs_inodes = p.tmpfs_size // 4096 + 4096
     _take(p, CLONE_NEWNS, ns)
     if "disk" in lim.tolerate:
         p.hold(
             "disk",
             f"{ns.label('mountns')}+tmpfs:size",
-            "writes past it fail with ENOSPC; memory-backed: its pages count toward the memory "
-            "limit",
+            "writes past it fail with ENOSPC (so do entries past one per 4 KiB of it and 4096 "
+            "more); memory-backed: its pages count toward the memory limit",
         )
     else:
         p.hold(
             "disk",
             f"{ns.label('mountns')}+tmpfs:size+watchdog:disk",
             "the tmpfs holds the limit + 1/16, at least 1 MiB; past the limit the sandbox is "
-            "ended; memory-backed: its pages count toward the memory limit",
+            "ended; entries: one per 4 KiB of it and 4096 more; memory-backed: its pages count "
+            "toward the memory limit",
         )
 
 
@@ -898,7 +900,10 @@ class Spawn:
             owner_uid = os.geteuid() if uid is None else uid
             owner_gid = os.getegid() if gid is None else gid
             tmpfs = os.fsencode(workspace)
-            opts = f"size={plan.tmpfs_size},mode=0700,uid={owner_uid},gid={owner_gid}".encode()
+            opts = (
+                f"size={plan.tmpfs_size},nr_inodes={plan.tmpfs_inodes},mode=0700,"
+                f"uid={owner_uid},gid={owner_gid}"
+            ).encode()
             mkdir = os.fsencode(os.path.join(workspace, "tmp"))
         if tmpfs or plan.proxy_port:
             # The child sends the proxy's listener first, then the tmpfs root.

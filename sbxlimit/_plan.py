@@ -163,6 +163,10 @@ class Plan:
     # limit is seen (and ends the sandbox) rather than refused unseen;
     # exactly the limit when disk is tolerated (refusal semantics).
     tmpfs_size: int = 0
+    # Its entries at most (nr_inodes): a page of it each, and 4096 more.
+    # Empty files take no page; without a bound they take kernel memory,
+    # and each is an inode of the host's when keep_workdir copies them out.
+    tmpfs_inodes: int = 0
 
     # Landlock (_landlock): the ABI used for the file rules (0: none), and
     # its TCP rules (ABI 4+) and scopes (ABI 6+): (handled, allowed on

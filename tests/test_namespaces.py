@@ -6,6 +6,7 @@ Where a mechanism is missing, the test skips with the reason doctor gives.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import platform
@@ -1304,6 +1305,26 @@ def test_disk_tmpfs_keep_workdir_copies_a_deep_tree():
             assert f.read() == "here"
     finally:
         _fstree.remove_tree(r.workspace)
+
+
+@needs_mntns
+def test_disk_tmpfs_bounds_its_entries_too():
+    # Empty files take no page of the tmpfs: without nr_inodes a program made
+    # as many as memory allowed, each an inode of the host's once kept.
+    prog = (
+        "n = 0\n"
+        "try:\n"
+        "    for i in range(20000):\n"
+        "        open(f'f{i}', 'w').close(); n += 1\n"
+        "except OSError as e:\n"
+        "    print(n, e.errno)\n"
+        "else:\n"
+        "    print(n)\n"
+    )
+    r = sbxlimit.run([PY, "-c", prog], limits={"disk": "1Mi"}, capture_output=True, text=True)
+    made, *err = r.stdout.split()
+    # 2 MiB of tmpfs (1 MiB and its slack): 512 pages' worth, and 4096 more.
+    assert err == [str(errno.ENOSPC)] and 4000 < int(made) <= 512 + 4096, r.stdout
 
 
 @needs_mntns
