@@ -1263,23 +1263,15 @@ def test_disk_tmpfs_keep_workdir_copies_no_more_than_the_tmpfs_held():
     # file stays sparse, a file of many names stays one file, and nothing
     # past what the tmpfs used is written (a 16 MiB sandbox made root write
     # 504 MiB this way: an attack review, 2026-11-28).
-    prog = (
+    host_dir = kept_in_16_mib(
         "import os\n"
         "with open('sparse', 'wb') as f: f.truncate(300 << 20)\n"
         "with open('real', 'wb') as f: f.write(b'y' * (4 << 20))\n"
         "for i in range(50): os.link('real', f'link{i}')\n"
     )
-    pol = Policy(keep_workdir=True, protect_dotfiles=False)
-    r = sbxlimit.run([PY, "-c", prog], limits={"disk": "16Mi"}, policy=pol, capture_output=True)
-    assert r.returncode == 0, r.stderr
-    host_dir = r.workspace
     try:
-        sizes = {}
-        for dirpath, _dirs, files in os.walk(host_dir):
-            for name in files:
-                st = os.lstat(os.path.join(dirpath, name))
-                sizes[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-        assert sum(sizes.values()) <= 5 << 20, sizes  # 4 MiB of data, once
+        used = _fstree.tree_size(host_dir)  # (hard links once)
+        assert used <= 5 << 20, used  # 4 MiB of data, once
         sparse, real = os.stat(f"{host_dir}/sparse"), os.stat(f"{host_dir}/real")
         assert sparse.st_size == 300 << 20 and real.st_nlink == 51
         with open(f"{host_dir}/link7", "rb") as f:
@@ -1292,19 +1284,24 @@ def test_disk_tmpfs_keep_workdir_copies_no_more_than_the_tmpfs_held():
 def test_disk_tmpfs_keep_workdir_copies_a_deep_tree():
     # shutil.copytree recursed: a chain of 700 directories raised
     # RecursionError out of run(), the result lost.
-    prog = (
+    host_dir = kept_in_16_mib(
         "import os\n"
         "for _ in range(700): os.mkdir('d'); os.chdir('d')\n"
         "open('bottom', 'w').write('here')\n"
     )
-    pol = Policy(keep_workdir=True, protect_dotfiles=False)
-    r = sbxlimit.run([PY, "-c", prog], limits={"disk": "16Mi"}, policy=pol, capture_output=True)
-    assert r.returncode == 0, r.stderr
     try:
-        with open(os.path.join(r.workspace, *["d"] * 700, "bottom")) as f:
+        with open(os.path.join(host_dir, *["d"] * 700, "bottom")) as f:
             assert f.read() == "here"
     finally:
-        _fstree.remove_tree(r.workspace)
+        _fstree.remove_tree(host_dir)
+
+
+def kept_in_16_mib(code: str) -> str:
+    """Run `code` in a 16 MiB tmpfs workspace kept at close: its copy."""
+    pol = Policy(keep_workdir=True, protect_dotfiles=False)
+    r = sbxlimit.run([PY, "-c", code], limits={"disk": "16Mi"}, policy=pol, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    return r.workspace
 
 
 @needs_mntns
