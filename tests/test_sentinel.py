@@ -229,23 +229,28 @@ def test_a_fork_s_child_has_a_sentinel_of_its_own() -> None:
     assert r.stdout.split() == ["False", "True", "True"], r.stdout
 
 
+def at_the_sentinel(code: str, *, isolate_pids: bool) -> subprocess.CompletedProcess[str]:
+    """`code` ({pid}: this process's sentinel, started first) in a policy
+    sandbox with a cgroup."""
+    sbxlimit.run(["true"], limits=Limits(pids=8))  # this process's sentinel
+    pid = _sentinel.sentinel_pid()
+    assert pid
+    return sbxlimit.run(
+        [PY, "-c", code.format(pid=pid)],
+        limits=Limits(pids=8),
+        policy=Policy(workdir="/", isolate_pids=isolate_pids),
+        capture_output=True,
+        text=True,
+    )
+
+
 @needs_cgroup
 def test_a_sandboxed_program_cannot_speak_for_its_caller() -> None:
     # The sentinel's pipe is its caller's alone: a program of the same user
     # that opened it through /proc could say "done" for it, or keep its own
     # cgroup.  The sentinel is not dumpable: its fds are root's with
     # CAP_SYS_PTRACE, which no sandbox with a policy has.
-    sbxlimit.run(["true"], limits=Limits(pids=8))  # this process's sentinel
-    pid = _sentinel.sentinel_pid()
-    assert pid
-    code = f"open('/proc/{pid}/fd/0', 'wb')"
-    r = sbxlimit.run(
-        [PY, "-c", code],
-        limits=Limits(pids=8),
-        policy=Policy(workdir="/", isolate_pids=False),  # the host's /proc
-        capture_output=True,
-        text=True,
-    )
+    r = at_the_sentinel("open('/proc/{pid}/fd/0', 'wb')", isolate_pids=False)  # the host's /proc
     assert r.returncode == 1 and "PermissionError" in r.stderr, r.stderr
 
 
@@ -322,17 +327,8 @@ def test_a_policy_sandbox_cannot_kill_the_sentinel_where_landlock_cannot_scope_s
 def test_in_a_pid_namespace_the_sentinel_s_number_is_not_refused() -> None:
     # There the filter has nothing to guard (the namespace hides the
     # sentinel), and the number may be one of the sandbox's own processes.
-    sbxlimit.run(["true"], limits=Limits(pids=8))  # this process's sentinel
-    pid = _sentinel.sentinel_pid()
-    assert pid
-    code = f"import os\ntry:\n    os.kill({pid}, 0)\nexcept OSError as e:\n    print(e.errno)"
-    r = sbxlimit.run(
-        [PY, "-c", code],
-        limits=Limits(pids=8),
-        policy=Policy(workdir="/", isolate_pids=True),
-        capture_output=True,
-        text=True,
-    )
+    code = "import os\ntry:\n    os.kill({pid}, 0)\nexcept OSError as e:\n    print(e.errno)"
+    r = at_the_sentinel(code, isolate_pids=True)
     assert r.enforced["signals"].startswith(("pidns", "landlock")), r.enforced
     assert r.stdout.strip() == str(errno.ESRCH), (r.stdout, r.stderr)
 
