@@ -315,8 +315,17 @@ def discover(cgroup_parent: str | None = None) -> Site:
     """The site sandboxes go to: `cgroup_parent`, else $SBXLIMIT_CGROUP_PARENT,
     else the first safe candidate (v2 first).  ``"none"`` turns cgroups off.
     Cached per argument and environment."""
-    env = os.environ.get("SBXLIMIT_CGROUP_PARENT") or None
-    key = (cgroup_parent, env, os.environ.get("SBXLIMIT_CGROUP_MOVE_SELF"), os.geteuid())
+    data = getattr(os.environ, "_data", None)
+    if type(data) is dict and os.name == "posix":
+        # os.environ's own bytes, read without the KeyError that
+        # os.environ.get raises inside for a name not set (each spawn).
+        raw, move = data.get(b"SBXLIMIT_CGROUP_PARENT"), data.get(b"SBXLIMIT_CGROUP_MOVE_SELF")
+        env = os.fsdecode(raw) if raw else None
+        moves = None if move is None else os.fsdecode(move)
+    else:
+        env = os.environ.get("SBXLIMIT_CGROUP_PARENT") or None
+        moves = os.environ.get("SBXLIMIT_CGROUP_MOVE_SELF")
+    key = (cgroup_parent, env, moves, os.geteuid())
     site = _cache.get(key)
     if site is not None:
         return site

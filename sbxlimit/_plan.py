@@ -255,6 +255,8 @@ class Plan:
     @property
     def seccomp_what(self) -> int:
         """The SECCOMP_* bits of the child's filter (0: none)."""
+        if not (self.seccomp or self.seccomp_net or self.seccomp_signals):
+            return 0
         from . import _core
 
         what = (_core.SECCOMP_HARDEN if self.seccomp else 0) | self.seccomp_net
