@@ -470,6 +470,10 @@ class Monitor:
         self._nspools = {p.kind: p for p in (self._netpool, self._ipcpool)}
         self._wspool = _workspace.Pool()
         self._deferred: list[dict[str, Any]] = []  # audit warnings, emitted unlocked
+        # Watches a waiting caller put off (defer): each is made here at its
+        # due time unless its program exited first (take_back):
+        # key -> (due, what makes and registers it).
+        self._late: dict[object, tuple[float, Callable[[], None]]] = {}
         self._sleep_until = math.inf
         self._owed = False  # a take left a pool to refill: wake at settle()
         self.wakeups = 0  # loop iterations, for tests and benchmarks
@@ -670,6 +674,22 @@ class Monitor:
             self._unschedule(w)
             w.done = True
             self._drop_events(w)
+
+    def defer(self, key: object, due: float, hand_over: Callable[[], None]) -> None:
+        """Call `hand_over` on this thread at `due` (it makes and registers a
+        watch of timers alone), unless take_back(key) comes first: most
+        sandboxes end before anything of their watch is due, and then
+        cost the caller no watch at all.  The caller then calls settle()."""
+        with self._lock:
+            self._late[key] = (due, hand_over)
+            wake = due < self._sleep_until
+        if wake:
+            self._owed = True
+
+    def take_back(self, key: object) -> bool:
+        """True if `key`'s hand-over was still to come (it never will)."""
+        # One dict operation (atomic): no lock on each sandbox's way out.
+        return self._late.pop(key, None) is not None
 
     def add_pump(self, pump: Pump) -> None:
         """Pass `pump`'s output on from the caller's settle() on."""
@@ -1263,6 +1283,8 @@ class Monitor:
             due = min(self._next_due(), self._read_at)
             for _members, at in self._sweeps.values():
                 due = min(due, at[0])
+            for late_at, _hand_over in self._late.values():
+                due = min(due, late_at)
             if self._retiring or self._trash:
                 due = min(due, now + _RETIRE_TICK)
             pool_due = now if self._pool.wanted() else self._pool.next_expiry()
@@ -1278,7 +1300,7 @@ class Monitor:
             for when in ns_due:
                 if when is not None:
                     due = min(due, when)
-            if self._watches or self._by_pidfd or self._retiring:
+            if self._watches or self._by_pidfd or self._retiring or self._late:
                 self._last_busy = now
             elif now - self._last_busy < _LINGER:
                 # On the sampling grid: a sandbox registered meanwhile has
@@ -1319,6 +1341,15 @@ class Monitor:
                 if at[0] <= now:
                     self._sweep(interval, now)
             retiring, trash = bool(self._retiring), bool(self._trash)
+            ripe = [k for k, (late_at, _h) in self._late.items() if late_at <= now]
+            hand_overs = [self._late.pop(k, None) for k in ripe]
+        for entry in hand_overs:  # unlocked: it registers a watch
+            if entry is None:
+                continue  # taken back meanwhile (take_back holds no lock)
+            try:
+                entry[1]()
+            except Exception:
+                log.exception("sbxlimit monitor: a sandbox's watch could not be made")
         if retiring:
             self._retire_tick(now)  # unlocked: reads and rmdirs take a while
         if trash:

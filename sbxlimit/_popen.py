@@ -22,9 +22,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _platform
 from ._enforcement import Enforcement
-from ._errors import ConfigError
 from ._evidence import Usage
 from ._exit import END_PROGRAMS, at_exit
 from ._limits import Limits
@@ -100,44 +98,19 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
         # subprocess.Popen.__del__ reads this if we raise before it is set.
         self._child_created = False
         sbx = self._sbx_handle()
-        if cgroup_parent is not None and not isinstance(cgroup_parent, str):
-            raise ConfigError("cgroup_parent", cgroup_parent, "expected a path or 'none'")
-        if warn_at != 0.9:
-            if warn_at is not None and (
-                isinstance(warn_at, bool)
-                or not isinstance(warn_at, (int, float))
-                or not 0 < warn_at <= 1
-            ):
-                raise ConfigError("warn_at", warn_at, "expected a fraction in (0, 1], or None")
-            sbx.warn_at = warn_at
-        if audit_key is not None:
-            if not isinstance(audit_key, str):
-                raise ConfigError("audit_key", audit_key, "expected a str")
-            sbx.audit_key = audit_key
-        if limits is not None or policy is not None:
-            sbx.prepare(
-                limits, policy, kwargs.get("user"), cgroup_parent, kwargs.get("process_group")
-            )
-            self.limits, self.policy = sbx.limits, sbx.policy
-        if sample_interval is not DEFAULT_INTERVAL:
-            sbx.interval = parse_seconds("sample_interval", sample_interval)
-        if die_with_parent is not None:
-            if not isinstance(die_with_parent, bool):
-                raise ConfigError("die_with_parent", die_with_parent, "expected a bool or None")
-            if die_with_parent and not _platform.LINUX:
-                raise ConfigError(
-                    "die_with_parent",
-                    True,
-                    "only Linux has a parent-death signal; end the sandbox with kill_tree(), a "
-                    "with block or wall_time",
-                )
-            sbx.die_with_parent = die_with_parent
-        if quota is not None:
-            if not isinstance(quota, Quota):
-                raise ConfigError("quota", quota, "expected a sbxlimit.Quota")
-            # Admitted before anything starts; given back at reap (or now,
-            # if the spawn fails).
-            sbx.quota = quota.admit(self.limits, key=audit_key)
+        sbx.configure(
+            limits,
+            policy,
+            user=kwargs.get("user"),
+            group=kwargs.get("process_group"),
+            cgroup_parent=cgroup_parent,
+            sample_interval=sample_interval,
+            die_with_parent=die_with_parent,
+            audit_key=audit_key,
+            warn_at=warn_at,
+            quota=quota,
+        )
+        self.limits, self.policy = sbx.limits, sbx.policy
         try:
             super().__init__(args, *popenargs, **kwargs)
         except BaseException:
@@ -253,24 +226,9 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
 
     # -- reaping ----------------------------------------------------------
 
-    def _try_wait(
-        self,
-        wait_flags: int,
-        _waitid: Any = os.waitid,
-        _wait4: Any = os.wait4,
-        _P_PID: int = os.P_PID,
-        _WNOWAIT: int = os.WEXITED | os.WNOWAIT,
-        _WNOHANG: int = os.WNOHANG,
-        _monotonic: Any = time.monotonic,
-        _getpid: Any = os.getpid,
-    ) -> tuple[int, int]:
-        """All callers hold self._waitpid_lock (as in subprocess).
-
-        For a sandbox, wait for the exit *without* reaping first: while the
-        leader is a zombie its process group id cannot be reused, so killing
-        what it left behind in the group is safe.  Then reap with wait4 for
-        the rusage.
-        """
+    def _try_wait(self, wait_flags: int, _getpid: Any = os.getpid) -> tuple[int, int]:
+        """All callers hold self._waitpid_lock (as in subprocess): the
+        Sandbox's reap (rusage, and what the leader left ended first)."""
         sbx = self._sbx
         if sbx.owner_pid != _getpid():
             # A fork's copy owns nothing: as subprocess's, it finds no such
@@ -278,42 +236,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             # removes what is its parent's (a child that polls, drops or
             # leaves a with-block of its copy would kill the sandbox).
             return (self.pid, 0)
-        if sbx.reaps_carefully:
-            pinned = True
-            try:
-                info = _waitid(_P_PID, self.pid, _WNOWAIT | (wait_flags & _WNOHANG))
-            except ChildProcessError:
-                # Reaped elsewhere already (SIGCHLD ignored, a handler's
-                # waitpid): no zombie pins its group id any more.
-                info, pinned, sbx.gone = True, False, True
-            if info is None:
-                return (0, 0)
-            sbx.leader_exited(_monotonic(), pinned=pinned)
-        # The leader has exited (careful: seen above): its reap waits for
-        # another thread's kill_tree() to send all its signals (see
-        # Sandbox.signal_tree); otherwise, as in subprocess.
-        lock = sbx.signal_lock if sbx.reaps_carefully else None
-        if lock is not None:
-            lock.acquire()
-        try:
-            try:
-                pid, sts, rusage = _wait4(self.pid, wait_flags)
-            except ChildProcessError:
-                # SIGCHLD ignored or reaped elsewhere: status unknown (as in
-                # subprocess), but the sandbox is over: clean up all the same.
-                pid, sts, rusage = self.pid, 0, None
-            if pid == self.pid:
-                # Before the rest of the reap's work (a cgroup let go, a
-                # workspace measured): from here on its pid and group may
-                # be another's, and another thread's kill_tree() must not
-                # signal them while this one still holds the wait lock.
-                sbx.gone = True
-        finally:
-            if lock is not None:
-                lock.release()
-        if pid == self.pid:
-            sts = sbx.reaped(sts, rusage, _monotonic())
-        return (pid, sts)
+        return sbx.reap(wait_flags)
 
     def _handle_exitstatus(self, sts: int, *args: Any) -> None:
         super()._handle_exitstatus(sts, *args)  # type: ignore[misc]

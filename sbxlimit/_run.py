@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import _tracing
@@ -19,6 +20,10 @@ if sys.platform == "win32":  # the Job Object one (_winjob)
     from ._winpopen import Popen
 else:
     from ._popen import Popen
+# Linux: a call with nothing for subprocess.Popen to do skips it.
+_DIRECT = sys.platform.startswith("linux")
+if _DIRECT:
+    from . import _direct
 
 if TYPE_CHECKING:
     from ._proxy import NetEvent
@@ -38,28 +43,41 @@ class SandboxResult(subprocess.CompletedProcess):  # type: ignore[type-arg]
         stdout: Any = None,
         stderr: Any = None,
         *,
-        outcome: Outcome,
+        outcome: Outcome | Callable[[], Outcome],
         sandbox_id: str | None = None,
         workspace: str | None = None,
         network: list[NetEvent] | None = None,
     ) -> None:
         super().__init__(args, returncode, stdout, stderr)
-        self._outcome = outcome
+        # Or what makes it, when first asked: many callers read only the
+        # return code.
+        self._outcome: Outcome | Callable[[], Outcome] = outcome
         self._network = network or []
         self.sandbox_id = sandbox_id
         # The path only: run() removed the directory before returning,
         # unless keep_workdir.
         self.workspace = workspace
 
+    def _facts(self) -> Outcome:
+        o = self._outcome
+        if not isinstance(o, Outcome):
+            o = self._outcome = o()
+        return o
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled with its facts, not what makes them (a Sandbox).
+        self._facts()
+        return self.__dict__
+
     @property
     def usage(self) -> Usage:
         """What the sandbox used (final figures)."""
-        return self._outcome.usage()
+        return self._facts().usage()
 
     @property
     def termination(self) -> Termination:
         """How it ended: reason, limit, observed, mechanism, message."""
-        return self._outcome.termination()
+        return self._facts().termination()
 
     @property
     def network(self) -> list[NetEvent]:
@@ -70,7 +88,7 @@ class SandboxResult(subprocess.CompletedProcess):  # type: ignore[type-arg]
     @property
     def enforced(self) -> dict[str, Enforcement]:
         """For each limit and protection asked for, what held it."""
-        return dict(self._outcome.enforced)
+        return dict(self._facts().enforced)
 
     def check_returncode(self) -> None:
         """Raise LimitExceeded if a limit ended the program, else
@@ -120,6 +138,27 @@ def _run(
     kwargs: dict[str, Any],
     span: _tracing.RunSpan | None,
 ) -> SandboxResult:
+    if (
+        _DIRECT
+        and span is None
+        and input is None
+        and not capture_output
+        and (limits is not None or policy is not None)
+        and _direct.eligible(popenargs, kwargs, limits)
+    ):
+        # Nothing for subprocess.Popen to do: the sandbox alone (_direct).
+        rc, sbx = _direct.run(popenargs[0], limits, policy, timeout, kwargs)
+        result = SandboxResult(
+            popenargs[0],
+            rc,
+            outcome=functools.partial(sbx.outcome, rc, created=True),
+            sandbox_id=sbx.id,
+            workspace=sbx.workspace_view(),
+            network=sbx.network_log(),
+        )
+        if check:
+            result.check_returncode()
+        return result
     if input is not None:
         if kwargs.get("stdin") is not None:
             raise ValueError("stdin and input arguments may not both be used.")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
+import math
 import os
 import pwd
 import select
@@ -61,6 +62,7 @@ from ._monitor import (
     Watch,
     get_monitor,
     kill_group_left,
+    next_sample,
     settle_monitor,
     signal_tree,
 )
@@ -72,6 +74,7 @@ from ._pump import Pump
 from ._seatbelt import Belt, proxy_env, terminal_devices
 from ._spawn import child_error, resolve_executable
 from ._termination import Outcome, Termination
+from ._units import parse_seconds
 
 __all__ = ["DEFAULT_INTERVAL", "NO_PLAN", "Sandbox"]
 
@@ -225,6 +228,10 @@ class Sandbox:
     # by the reap (Popen._try_wait): a reap never frees the ids mid-way.
     signal_lock: threading.Lock | None = None
     watch: Watch | None = None
+    # started(defer=True) left the watch to the supervisor (Monitor.defer),
+    # and whether leader_exited() came first (then none is made).
+    deferred = False
+    exit_seen = False
     flush: list[Pump] = []  # noqa: RUF012  (never mutated: replaced per instance)
 
     # What it left.
@@ -253,6 +260,59 @@ class Sandbox:
         return {**self.plan.enforced, **self.notes}
 
     # -- before anything exists --------------------------------------------
+
+    def configure(
+        self,
+        limits: Any,
+        policy: Any,
+        *,
+        user: Any,
+        group: Any,
+        cgroup_parent: Any,
+        sample_interval: float | str,
+        die_with_parent: Any,
+        audit_key: Any,
+        warn_at: Any,
+        quota: Any,
+    ) -> None:
+        """Popen's and run()'s sandbox arguments, checked and planned before
+        anything starts; the quota's room is taken last (given back by
+        release_quota() if the spawn fails)."""
+        if cgroup_parent is not None and not isinstance(cgroup_parent, str):
+            raise ConfigError("cgroup_parent", cgroup_parent, "expected a path or 'none'")
+        if warn_at != 0.9:
+            if warn_at is not None and (
+                isinstance(warn_at, bool)
+                or not isinstance(warn_at, (int, float))
+                or not 0 < warn_at <= 1
+            ):
+                raise ConfigError("warn_at", warn_at, "expected a fraction in (0, 1], or None")
+            self.warn_at = warn_at
+        if audit_key is not None:
+            if not isinstance(audit_key, str):
+                raise ConfigError("audit_key", audit_key, "expected a str")
+            self.audit_key = audit_key
+        if limits is not None or policy is not None:
+            self.prepare(limits, policy, user, cgroup_parent, group)
+        if sample_interval is not DEFAULT_INTERVAL:
+            self.interval = parse_seconds("sample_interval", sample_interval)
+        if die_with_parent is not None:
+            if not isinstance(die_with_parent, bool):
+                raise ConfigError("die_with_parent", die_with_parent, "expected a bool or None")
+            if die_with_parent and not _platform.LINUX:
+                raise ConfigError(
+                    "die_with_parent",
+                    True,
+                    "only Linux has a parent-death signal; end the sandbox with kill_tree(), a "
+                    "with block or wall_time",
+                )
+            self.die_with_parent = die_with_parent
+        if quota is not None:
+            from ._quota import Quota
+
+            if not isinstance(quota, Quota):
+                raise ConfigError("quota", quota, "expected a sbxlimit.Quota")
+            self.quota = quota.admit(self.limits, key=audit_key)
 
     def prepare(
         self, limits: Any, policy: Any, user: Any, cgroup_parent: str | None, group: Any
@@ -851,16 +911,18 @@ class Sandbox:
 
     # -- supervision ---------------------------------------------------------
 
-    def started(self, pid: int, *, piped: bool) -> None:
+    def started(self, pid: int, *, piped: bool, defer: bool = False) -> None:
         """The child exists: note what we may kill, and hand it to the
-        supervisor where something must be watched."""
+        supervisor where something must be watched.  `defer`: a watch of
+        timers alone may be made late, by the supervisor, when the first
+        of them is due (most programs have exited by then: no watch)."""
         try:
-            self._started(pid, piped)
+            self._started(pid, piped, defer)
         finally:
             # One wake-up for the pools taken from (spawn) and the watch.
             settle_monitor()
 
-    def _started(self, pid: int, piped: bool) -> None:
+    def _started(self, pid: int, piped: bool, defer: bool) -> None:
         p = self.plan
         if p.active and audit.active():
             self.audit_spawn()
@@ -874,9 +936,45 @@ class Sandbox:
         # holding the pipe would otherwise keep communicate() waiting.
         quota = self.quota is not None
         if p.needs_monitor or pumps or (p.active and piped) or quota:
-            self._supervise(pid, pumps, piped or quota)
+            due = self._first_due() if defer and not pumps and not piped and not quota else None
+            if due is not None:
+                self.deferred = True
+                get_monitor().defer(self, due, self._hand_over)
+            else:
+                self._supervise(pid, pumps, piped or quota)
         elif self._warns() or (self.ws_fd >= 0 and self._warns_disk()):
             self._supervise(pid, pumps, piped)
+
+    def _first_due(self) -> float | None:
+        """When the supervisor would first look at a watch of timers
+        alone (a deadline, samples of a tree without a cgroup), or None
+        where it watches more (a cgroup's events, a workspace's size)."""
+        p = self.plan
+        if self.cgroup is not None or p.cg_ends or p.disk is not None or self.ws_fd >= 0:
+            return None
+        due = math.inf
+        if p.wall_time is not None:
+            due = self.start + p.wall_time
+        if (
+            p.watch_memory is not None
+            or p.watch_pids is not None
+            or p.watch_cpu_time is not None
+            or self._warns()
+        ):
+            due = min(due, next_sample(self.start, self.interval))
+        return None if due == math.inf else due  # (something else to watch: now)
+
+    def _hand_over(self) -> None:
+        """(The supervisor's thread, at the deferred watch's due time.)
+        Against leader_exited: under the signal lock, either the watch is
+        made before the leader's exit is handled (which unregisters it) or
+        not at all."""
+        lock = self.signal_lock
+        assert lock is not None
+        with lock:
+            if not self.exit_seen:
+                self._supervise(self.pid, [], False)
+        settle_monitor()
 
     def _warn_memory(self) -> tuple[int, int, str] | None:
         if not self._warns():
@@ -962,6 +1060,63 @@ class Sandbox:
             or self.cgroup is not None
         )
 
+    def reap(
+        self,
+        wait_flags: int,
+        _waitid: Any = os.waitid,
+        _wait4: Any = os.wait4,
+        _P_PID: int = os.P_PID,
+        _WNOWAIT: int = os.WEXITED | os.WNOWAIT,
+        _WNOHANG: int = os.WNOHANG,
+        _monotonic: Any = time.monotonic,
+    ) -> tuple[int, int]:
+        """Wait for the leader (`wait_flags`: 0 or WNOHANG) and reap it:
+        (its pid, the wait status the caller sees), or (0, 0) while it runs.
+        Callers serialize their reaps (Popen: its wait lock).
+
+        A sandbox's leader is waited for *without* reaping first: while it
+        is a zombie its process group id cannot be reused, so killing what
+        it left behind in the group is safe.  Then wait4 reaps it, for the
+        rusage."""
+        pid = self.pid
+        careful = self.reaps_carefully
+        if careful:
+            pinned = True
+            try:
+                info = _waitid(_P_PID, pid, _WNOWAIT | (wait_flags & _WNOHANG))
+            except ChildProcessError:
+                # Reaped elsewhere already (SIGCHLD ignored, a handler's
+                # waitpid): no zombie pins its group id any more.
+                info, pinned, self.gone = True, False, True
+            if info is None:
+                return (0, 0)
+            self.leader_exited(_monotonic(), pinned=pinned)
+        # The leader has exited (careful: seen above): its reap waits for
+        # another thread's kill_tree() to send all its signals (see
+        # signal_tree); otherwise, as in subprocess.
+        lock = self.signal_lock if careful else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            try:
+                got, sts, rusage = _wait4(pid, wait_flags)
+            except ChildProcessError:
+                # SIGCHLD ignored or reaped elsewhere: status unknown (as in
+                # subprocess), but the sandbox is over: clean up all the same.
+                got, sts, rusage = pid, 0, None
+            if got == pid:
+                # Before the rest of the reap's work (a cgroup let go, a
+                # workspace measured): from here on its pid and group may
+                # be another's, and another thread's kill_tree() must not
+                # signal them while this one still holds the wait lock.
+                self.gone = True
+        finally:
+            if lock is not None:
+                lock.release()
+        if got == pid:
+            sts = self.reaped(sts, rusage, _monotonic())
+        return (got, sts)
+
     def ours_to_signal(self) -> bool:
         """The program's pid and group are ours to signal: this process
         started it (a fork's copy owns nothing) and has not seen it reaped."""
@@ -972,6 +1127,12 @@ class Sandbox:
         end what it left behind.  Not `pinned`: reaped elsewhere already,
         so the group is signalled only while its id is still the
         sandbox's (_monitor.kill_group_left)."""
+        if self.deferred and not get_monitor().take_back(self):
+            # The supervisor is making the watch, or made it: wait for it.
+            lock = self.signal_lock
+            assert lock is not None
+            with lock:
+                self.exit_seen = True
         w = self.watch
         if w is not None:
             get_monitor().unregister(w)
