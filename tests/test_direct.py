@@ -216,13 +216,20 @@ def test_a_timeout_ends_the_whole_tree(tmp_path, popens, monkeypatch, pidfd):
 
 
 def test_an_interrupted_run_ends_the_whole_tree(tmp_path, popens):
-    mark, started, argv = _tree_with_a_grandchild(tmp_path)
+    mark, _started, argv = _tree_with_a_grandchild(tmp_path)
     assert threading.current_thread() is threading.main_thread()
+    seen = []
 
     def interrupt():
-        _wait_for(started)
-        assert _running(mark)
-        os.kill(os.getpid(), signal.SIGINT)
+        # Once the grandchild runs (in a loaded guest, some time after
+        # `started`); never left waiting for the program's 100 s.
+        end = time.monotonic() + 30
+        try:
+            while not _running(mark) and time.monotonic() < end:
+                time.sleep(0.01)
+            seen.append(bool(_running(mark)))
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)
 
     t = threading.Thread(target=interrupt)
     t.start()
@@ -231,7 +238,7 @@ def test_an_interrupted_run_ends_the_whole_tree(tmp_path, popens):
             sbxlimit.run(argv, limits={"cpu_time": 10})
     finally:
         t.join()
-    assert popens == []
+    assert seen == [True] and popens == []
     assert _gone(mark)
 
 
