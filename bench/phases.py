@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import spawn  # this directory's benchmark: the same variants
 
 import sbxlimit
-from sbxlimit import _core, _popen
+from sbxlimit import _core, _sandbox
 
 PHASES = ("before", "create", "register", "wait", "after")
 _now = time.perf_counter
@@ -70,15 +70,16 @@ def _install_clocks() -> None:
     os.waitpid = _timed(wait_pid, "w0", "w1")  # type: ignore[assignment]
     waitid = _timed(os.waitid, "w0", "w1")
     wait4 = _timed(os.wait4, "w0", "w1")
-    try_wait = _popen.Popen._try_wait
+    reap = _sandbox.Sandbox.reap
 
-    def sbx_try_wait(self: _popen.Popen, flags: int) -> tuple[int, int]:
+    def sbx_reap(self: _sandbox.Sandbox, flags: int) -> tuple[int, int]:
         # A sandbox waits for the exit (waitid), then reaps; else it reaps.
-        if self._sbx.reaps_carefully:
-            return try_wait(self, flags, waitid)
-        return try_wait(self, flags, os.waitid, wait4)
+        # (Popen's wait and run()'s direct path both reap through here.)
+        if self.reaps_carefully:
+            return reap(self, flags, waitid)
+        return reap(self, flags, os.waitid, wait4)
 
-    _popen.Popen._try_wait = sbx_try_wait  # type: ignore[method-assign]
+    _sandbox.Sandbox.reap = sbx_reap  # type: ignore[method-assign,assignment]
 
 
 def _cut(t0: float, t1: float) -> tuple[float, ...]:

@@ -149,10 +149,15 @@ def run(
                 _kill(sbx)
             raise
     finally:
+        # As a Popen's with-block ends (a kill interrupted in turn is tried
+        # again), then as it is dropped: the workspace goes only once the
+        # program is reaped.
         try:
+            if not sbx.gone:
+                _kill(sbx)
             sbx.close_workspace()
         finally:
-            sbx.finalize(reaped=True)
+            sbx.finalize(reaped=sbx.gone)
     return rc, sbx
 
 

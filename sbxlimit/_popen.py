@@ -377,7 +377,7 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             # a thread that the fork did not copy).
             return
         # What the leader leaves in its group is killed at reap, while its
-        # zombie still pins the group id (see _try_wait).
+        # zombie still pins the group id (see Sandbox.reap).
         sbx.kill_group = sbx.pgid
         if self.poll() is None:
             sbx.caller_kills()

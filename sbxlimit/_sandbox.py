@@ -225,7 +225,7 @@ class Sandbox:
     # waitpid): its pid and group id are free for reuse, never signalled.
     gone = False
     # Held across the check of `gone` and the signals that follow it, and
-    # by the reap (Popen._try_wait): a reap never frees the ids mid-way.
+    # by the reap (reap()): a reap never frees the ids mid-way.
     signal_lock: threading.Lock | None = None
     watch: Watch | None = None
     # started(defer=True) left the watch to the supervisor (Monitor.defer),
@@ -1052,7 +1052,7 @@ class Sandbox:
 
     @property
     def reaps_carefully(self) -> bool:
-        """Wait for the exit without reaping first (see Popen._try_wait)."""
+        """Wait for the exit without reaping first (see reap())."""
         return (
             self.tree_pgid > 0
             or self.watch is not None
