@@ -103,7 +103,6 @@ def run(
     try:
         # run() closes it right after the reap (see Popen._sbx_closed_at_reap).
         sbx.closed_at_reap = not sbx.plan.keep_workspace
-        sbx.program = program_name(args)
         argv = list(args)
         sys.audit("subprocess.Popen", argv[0], argv, cwd, env)
         pid = sbx.spawn(
@@ -134,7 +133,10 @@ def run(
         try:
             # A watch of timers alone is made only if the program outlives
             # the first of them (Monitor.defer): most do not.
+            # What needs no exit is done while the program runs.
+            sbx.program = program_name(args)
             sbx.started(pid, piped=False, defer=True)
+            sbx.id  # noqa: B018  (made now, not after the exit)
             if timeout is not None:
                 _wait_exit(sbx, timeout)
             _pid, sts = sbx.reap(0)
@@ -152,12 +154,13 @@ def run(
         # As a Popen's with-block ends (a kill interrupted in turn is tried
         # again), then as it is dropped: the workspace goes only once the
         # program is reaped.
-        try:
-            if not sbx.gone:
-                _kill(sbx)
-            sbx.close_workspace()
-        finally:
-            sbx.finalize(reaped=sbx.gone)
+        if not sbx.gone:
+            _kill(sbx)
+        if sbx.holds_files:
+            try:
+                sbx.close_workspace()
+            finally:
+                sbx.finalize(reaped=sbx.gone)
     return rc, sbx
 
 

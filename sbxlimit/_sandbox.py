@@ -1400,6 +1400,12 @@ class Sandbox:
                 # Removal is best effort: say what is true.
                 self.workspace_removed = get_monitor().remove_workspace(ws, hold, self.disk_size)
 
+    @property
+    def holds_files(self) -> bool:
+        """A workspace, a tmpfs or a mount namespace to let go of (close()
+        and finalize() have something to do)."""
+        return self.workspace is not None or self.ws_fd >= 0 or self.mnt_hold >= 0
+
     def finalize(self, reaped: bool) -> None:
         """Dropped without close(): the workspace goes with it (if the
         program was reaped), the tmpfs fd in any case (unless kept).  Only
