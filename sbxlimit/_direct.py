@@ -128,13 +128,12 @@ def run(
         sbx.release_quota()
         sbx.finalize(reaped=sbx.failed_status is not None)
         raise
-    rc: int | None = None
     try:
         try:
-            # A watch of timers alone is made only if the program outlives
-            # the first of them (Monitor.defer): most do not.
             # What needs no exit is done while the program runs.
             sbx.program = program_name(args)
+            # A watch of timers alone is made only if the program outlives
+            # the first of them (Monitor.defer): most do not.
             sbx.started(pid, piped=False, defer=True)
             sbx.id  # noqa: B018  (made now, not after the exit)
             if timeout is not None:
@@ -147,14 +146,13 @@ def run(
             assert timeout is not None
             raise RunTimeout(o.termination(), o.usage(), args, timeout) from None
         except BaseException:
-            if rc is None:
-                _kill(sbx)
+            _kill(sbx)
             raise
     finally:
         # As a Popen's with-block ends (a kill interrupted in turn is tried
         # again), then as it is dropped: the workspace goes only once the
         # program is reaped.
-        if not sbx.gone:
+        if sbx.returncode is None:
             _kill(sbx)
         if sbx.holds_files:
             try:
@@ -172,7 +170,8 @@ def _exited(sbx: Sandbox, sts: int) -> int:
 
 def _wait_exit(sbx: Sandbox, timeout: float) -> None:
     """Until the leader exits (it is not reaped) or `timeout` passes:
-    TimeoutExpired then, the program still running."""
+    TimeoutExpired then, the program still running.  An infinite (or NaN)
+    timeout waits for ever, as subprocess's."""
     end = time.monotonic() + timeout
     try:
         fd = os.pidfd_open(sbx.pid)
@@ -183,9 +182,11 @@ def _wait_exit(sbx: Sandbox, timeout: float) -> None:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         while True:
-            # Whole milliseconds, rounded up: never early.
-            left = math.ceil((end - time.monotonic()) * 1000)
-            if poller.poll(min(max(0, left), _POLL_MAX)):
+            left = end - time.monotonic()
+            # Whole milliseconds, rounded up: never early (inf, NaN and
+            # what poll() cannot take: its longest, again and again).
+            ms = max(0, math.ceil(left * 1000)) if left < _POLL_MAX / 1000 else _POLL_MAX
+            if poller.poll(ms):
                 return
             if time.monotonic() >= end:
                 raise subprocess.TimeoutExpired(sbx.program, timeout)
@@ -211,12 +212,19 @@ def _poll_exit(sbx: Sandbox, end: float, timeout: float) -> None:
 
 def _kill(sbx: Sandbox) -> int:
     """Popen.kill_tree(grace=0): the whole tree SIGKILLed, the leader
-    reaped; its exit code."""
+    reaped, exited() called; its exit code.  Done already: nothing."""
+    if sbx.returncode is not None:
+        return sbx.returncode
+    if sbx.gone:
+        # Interrupted after the reap: its record finished without a wait
+        # (the pid may be another process's by now).
+        sts = sbx.status
+        if sts is None:
+            sts = sbx.reaped(sbx.wait_status, sbx.rusage, time.monotonic())
+        return _exited(sbx, sts)
     # What the leader leaves in its group is killed at reap, while its
     # zombie still pins the group id (Sandbox.reap).
     sbx.kill_group = sbx.pgid
-    if sbx.gone:
-        return 0  # reaped, its status lost to the interruption (as subprocess)
     pid, sts = sbx.reap(os.WNOHANG)
     if pid == 0:
         sbx.caller_kills()

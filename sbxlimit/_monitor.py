@@ -688,8 +688,9 @@ class Monitor:
 
     def take_back(self, key: object) -> bool:
         """True if `key`'s hand-over was still to come (it never will)."""
-        # One dict operation (atomic): no lock on each sandbox's way out.
-        return self._late.pop(key, None) is not None
+        # Under the lock: the thread iterates over the dict in its pass.
+        with self._lock:
+            return self._late.pop(key, None) is not None
 
     def add_pump(self, pump: Pump) -> None:
         """Pass `pump`'s output on from the caller's settle() on."""
@@ -1342,12 +1343,10 @@ class Monitor:
                     self._sweep(interval, now)
             retiring, trash = bool(self._retiring), bool(self._trash)
             ripe = [k for k, (late_at, _h) in self._late.items() if late_at <= now]
-            hand_overs = [self._late.pop(k, None) for k in ripe]
-        for entry in hand_overs:  # unlocked: it registers a watch
-            if entry is None:
-                continue  # taken back meanwhile (take_back holds no lock)
+            hand_overs = [self._late.pop(k)[1] for k in ripe]
+        for hand_over in hand_overs:  # unlocked: it registers a watch
             try:
-                entry[1]()
+                hand_over()
             except Exception:
                 log.exception("sbxlimit monitor: a sandbox's watch could not be made")
         if retiring:

@@ -232,6 +232,9 @@ class Sandbox:
     # and whether leader_exited() came first (then none is made).
     deferred = False
     exit_seen = False
+    returncode: int | None = None  # exited() was called with it
+    wait_status = 0  # wait4's, at the reap
+    status: int | None = None  # the one the caller sees, once reaped() is done
     flush: list[Pump] = []  # noqa: RUF012  (never mutated: replaced per instance)
 
     # What it left.
@@ -972,8 +975,15 @@ class Sandbox:
         lock = self.signal_lock
         assert lock is not None
         with lock:
-            if not self.exit_seen:
+            if self.exit_seen or self.gone:
+                return
+            try:
                 self._supervise(self.pid, [], False)
+            except BaseException:
+                # Its limits would go unwatched: end it instead (fail closed;
+                # the monitor logs why).
+                signal_tree(self.pid, signal.SIGKILL, self.pgid, self.cgroup)
+                raise
         settle_monitor()
 
     def _warn_memory(self) -> tuple[int, int, str] | None:
@@ -1110,6 +1120,7 @@ class Sandbox:
                 # be another's, and another thread's kill_tree() must not
                 # signal them while this one still holds the wait lock.
                 self.gone = True
+                self.wait_status, self.rusage = sts, rusage
         finally:
             if lock is not None:
                 lock.release()
@@ -1184,6 +1195,7 @@ class Sandbox:
                 disk_path = self.disk_path()
                 if disk_path is not None:
                     self.disk = _workspace.size(disk_path)
+        self.status = sts
         return sts
 
     def _target_status(self, sts: int) -> int:
@@ -1219,6 +1231,7 @@ class Sandbox:
     def exited(self, returncode: int) -> None:
         """The exit status is known: give the room back, close the way out,
         tell the audit."""
+        self.returncode = returncode
         if self.quota is not None:
             self.release_quota()
         self.stop_proxy()

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import sbxlimit
-from sbxlimit import Limits, Policy, _monitor, _popen
+from sbxlimit import Limits, Policy, _direct, _monitor, _popen, _sandbox
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the direct path is Linux's"
@@ -131,7 +131,9 @@ def test_the_direct_path_gives_the_popen_path_s_verdict(tmp_path, popens, name, 
 def test_a_watch_is_made_only_for_a_program_that_outlives_its_first_sample(registered):
     lim = {"cpu_time": 10, "memory": "1Gi"}
     for _ in range(5):
-        assert sbxlimit.run(["true"], limits=lim, cgroup_parent="none").returncode == 0
+        # (Its first sample 5 s away: a loaded machine's slow spawn too.)
+        r = sbxlimit.run(["true"], limits=lim, cgroup_parent="none", sample_interval=5)
+        assert r.returncode == 0
     assert registered == []  # each ended before its first sample was due
     r = sbxlimit.run(["sleep", "0.5"], limits=lim, cgroup_parent="none")
     assert r.returncode == 0
@@ -160,6 +162,14 @@ def _tree_with_a_grandchild(tmp_path):
     mark = f"{100 + os.getpid() % 1000}.{time.monotonic_ns() % 10**6:06d}"
     started = tmp_path / "started"
     return mark, started, ["sh", "-c", f"sleep {mark} & touch {started}; sleep 100"]
+
+
+def _tree_with_a_grandchild_elsewhere(tmp_path):
+    """The same, with the grandchild in a session (and group) of its own:
+    the group's kill at the reap misses it; only the tree's kill ends it."""
+    mark, started, argv = _tree_with_a_grandchild(tmp_path)
+    argv[-1] = argv[-1].replace(f"sleep {mark} &", f"setsid sleep {mark} &")
+    return mark, started, argv
 
 
 def _running(mark: str) -> list[int]:
@@ -195,28 +205,36 @@ def _wait_for(path) -> None:
         time.sleep(0.01)
 
 
+# Where the tree's kill is all there is: no cgroup, no PID namespace.
+WALKED = {"policy": Policy(workdir="/", isolate_pids=False), "cgroup_parent": "none"}
+HOW = {"default": {}, "no cgroup, no PID namespace": WALKED}
+
+
+@pytest.mark.parametrize("how", list(HOW))
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no pidfd (before Linux 5.3)"])
-def test_a_timeout_ends_the_whole_tree(tmp_path, popens, monkeypatch, pidfd):
+def test_a_timeout_ends_the_whole_tree(tmp_path, popens, monkeypatch, pidfd, how):
     if not pidfd:
 
         def no_pidfd(pid, flags=0):
             raise OSError(38, "Function not implemented")
 
         monkeypatch.setattr(os, "pidfd_open", no_pidfd)
-    mark, started, argv = _tree_with_a_grandchild(tmp_path)
+    mark, started, argv = _tree_with_a_grandchild_elsewhere(tmp_path)
     t0 = time.monotonic()
     with pytest.raises(sbxlimit.RunTimeout) as e:
-        sbxlimit.run(argv, limits={"cpu_time": 10}, timeout=0.5)
+        sbxlimit.run(argv, limits={"cpu_time": 10}, timeout=0.5, **HOW[how])
     assert time.monotonic() - t0 >= 0.5  # never early
     assert popens == []
     assert e.value.termination.signal == signal.SIGKILL
+    assert "kill_tree() was called" in e.value.termination.message
     assert e.value.timeout == 0.5 and e.value.cmd == argv
     _wait_for(started)
     assert _gone(mark)
 
 
-def test_an_interrupted_run_ends_the_whole_tree(tmp_path, popens):
-    mark, _started, argv = _tree_with_a_grandchild(tmp_path)
+@pytest.mark.parametrize("how", list(HOW))
+def test_an_interrupted_run_ends_the_whole_tree(tmp_path, popens, how):
+    mark, _started, argv = _tree_with_a_grandchild_elsewhere(tmp_path)
     assert threading.current_thread() is threading.main_thread()
     seen = []
 
@@ -235,7 +253,7 @@ def test_an_interrupted_run_ends_the_whole_tree(tmp_path, popens):
     t.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            sbxlimit.run(argv, limits={"cpu_time": 10})
+            sbxlimit.run(argv, limits={"cpu_time": 10}, **HOW[how])
     finally:
         t.join()
     assert seen == [True] and popens == []
@@ -322,3 +340,110 @@ def subprocess_error() -> type[BaseException]:
     import subprocess
 
     return subprocess.CalledProcessError
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e308, float("nan")])
+def test_a_timeout_of_for_ever_waits_as_subprocess_s(popens, timeout):
+    r = sbxlimit.run(["sleep", "0.2"], limits={"cpu_time": 5}, timeout=timeout)
+    assert r.returncode == 0 and popens == []
+
+
+@pytest.mark.parametrize("how", list(HOW))
+def test_a_kill_interrupted_in_turn_is_tried_again(tmp_path, monkeypatch, how):
+    # A second Ctrl-C as the first's kill begins: the tree still ends.
+    mark, started, argv = _tree_with_a_grandchild_elsewhere(tmp_path)
+    real = _sandbox.Sandbox.caller_kills
+    calls = []
+
+    def interrupted_once(self):
+        calls.append(self)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(self)
+
+    monkeypatch.setattr(_sandbox.Sandbox, "caller_kills", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        sbxlimit.run(argv, limits={"cpu_time": 10}, timeout=0.3, **HOW[how])
+    assert len(calls) == 2
+    _wait_for(started)
+    assert _gone(mark)
+
+
+def test_an_interrupt_right_after_the_reap_still_gives_everything_back(monkeypatch, events):
+    # The leader reaped, its record not yet made: the room, the cgroup and
+    # the exit's audit event all the same, and no wait for a pid that may
+    # be another process's by now.
+    q = sbxlimit.Quota(max_sandboxes=1)
+    real = _sandbox.Sandbox.reaped
+    calls = []
+
+    def interrupted_once(self, *a):
+        calls.append(a)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(self, *a)
+
+    monkeypatch.setattr(_sandbox.Sandbox, "reaped", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        sbxlimit.run(["sh", "-c", "exit 3"], limits={"cpu_time": 5}, quota=q, audit_key="k")
+    assert q.in_use().get("sandboxes", 0) == 0
+    assert len(calls) == 2 and calls[1][0] == calls[0][0]  # the status wait4 gave
+    exits = [e for e in events if e.name == "exit"]
+    assert [e.observed for e in exits] == [3]
+    monkeypatch.undo()
+    assert sbxlimit.run(["true"], limits={"cpu_time": 5}, quota=q).returncode == 0
+
+
+def test_a_watch_handed_over_after_the_exit_is_never_made(monkeypatch, registered):
+    # The supervisor took the deferred watch just as the program exited:
+    # leader_exited waits for it under the signal lock, and a hand-over
+    # that comes after finds the exit seen.
+    monkeypatch.setattr(_monitor.Monitor, "take_back", lambda self, key: False)
+    rc, sbx = _direct.run(["true"], {"cpu_time": 10}, None, None, {"cgroup_parent": "none"})
+    assert rc == 0 and sbx.deferred and sbx.exit_seen
+    sbx._hand_over()
+    assert registered == [] and sbx.watch is None
+
+
+def test_the_supervisor_s_pass_is_not_upset_by_watches_taken_back(monkeypatch):
+    # take_back() beside the supervisor's pass over the deferred watches
+    # (made to yield the GIL in its middle): no error in the thread, whose
+    # pass would otherwise lose what it took (another sandbox's pumps).
+    import builtins
+    import logging
+
+    errors = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            if record.exc_info:
+                errors.append(record.exc_info[1])
+
+    def slow_min(*a, **kw):
+        time.sleep(0.00005)
+        return builtins.min(*a, **kw)
+
+    handler = Catch()
+    logging.getLogger("sbxlimit").addHandler(handler)
+    monkeypatch.setattr(_monitor, "min", slow_min, raising=False)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    stop = []
+    m = _monitor.get_monitor()
+
+    def waker():
+        while not stop:
+            m._wake()
+            time.sleep(0.0002)
+
+    t = threading.Thread(target=waker)
+    t.start()
+    try:
+        for _ in range(300):
+            sbxlimit.run(["true"], limits={"cpu_time": 10}, cgroup_parent="none")
+    finally:
+        stop.append(True)
+        t.join()
+        sys.setswitchinterval(interval)
+        logging.getLogger("sbxlimit").removeHandler(handler)
+    assert errors == []
