@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "sbx.h"
@@ -346,6 +347,22 @@ static void close_all(const int *fds, size_t n)
             close(fds[i]);
 }
 
+/* SIGKILL to a child just made (and to the group it leads), then its
+ * reap; the exception that interrupted its making is already set. */
+static void abandon_child(pid_t pid, int leads_group)
+{
+    int r;
+
+    if (leads_group)
+        (void)kill(-pid, SIGKILL);
+    (void)kill(pid, SIGKILL);
+    Py_BEGIN_ALLOW_THREADS
+        do {
+            r = (int)waitpid(pid, NULL, 0);
+        } while (r < 0 && errno == EINTR);
+    Py_END_ALLOW_THREADS
+}
+
 static PyObject *core_spawn(PyObject *self, PyObject *args)
 {
     PyObject *exec_paths, *argv, *envp, *cwd, *keep_fds, *close_after, *groups, *rlimits;
@@ -570,6 +587,17 @@ static PyObject *core_spawn(PyObject *self, PyObject *args)
     if (rc < 0) {
         errno = saved_errno;
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, "sbx_spawn");
+        goto done;
+    }
+    if (rc == 0 && PyErr_CheckSignals() < 0) {
+        /* The caller was interrupted while the child was made, where a
+         * Ctrl-C lands more than anywhere: the eval breaker would raise
+         * right after this call and drop its result, the child's pid,
+         * with the stack; nobody could end or reap it.  End it here (and
+         * the group it leads), reap it, and let the exception go up. */
+        if (child.mnt_ns >= 0)
+            close(child.mnt_ns);
+        abandon_child(child.pid, pgid == 0 || new_session);
         goto done;
     }
     if (rc == 0) {

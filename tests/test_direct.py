@@ -15,6 +15,7 @@ import pytest
 
 import sbxlimit
 from sbxlimit import Limits, Policy, _direct, _monitor, _popen, _sandbox
+from sbxlimit._cgroup import discover
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the direct path is Linux's"
@@ -447,3 +448,49 @@ def test_the_supervisor_s_pass_is_not_upset_by_watches_taken_back(monkeypatch):
         sys.setswitchinterval(interval)
         logging.getLogger("sbxlimit").removeHandler(handler)
     assert errors == []
+
+
+def _children() -> list[tuple[int, str]]:
+    """Our child processes: (pid, state)."""
+    me, out = os.getpid(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            out.append((int(pid), fields[0]))
+    return out
+
+
+def test_an_interrupt_while_the_child_is_made_ends_it(tmp_path):
+    # A Ctrl-C that arrives while the core makes the child is raised right
+    # after the core returns, with its result (the child's pid) dropped:
+    # the core itself checks for it, then ends and reaps the child.  The
+    # child's preexec_fn (Python, before exec) interrupts its parent while
+    # the core waits for the exec: not in a PID namespace, where it cannot
+    # name its parent, nor under a policy, whose filter refuses it the
+    # signal (its caller is out of its reach): with a cgroup.
+    site = discover()
+    if not site.version:
+        pytest.skip(f"no PID namespace without a cgroup, and none here: {site.reason}")
+    mark, _started, _argv = _tree_with_a_grandchild(tmp_path)
+    before = _children()
+
+    def interrupt_the_parent():
+        os.kill(os.getppid(), signal.SIGINT)
+        time.sleep(0.2)  # the signal is in while the core still waits
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sbxlimit.Popen(
+                ["sleep", mark],
+                limits={"cpu_time": 10},
+                preexec_fn=interrupt_the_parent,
+            )
+        assert _gone(mark)
+        assert _children() == before  # reaped: no zombie either
+    finally:
+        for pid in _running(mark):
+            os.kill(pid, signal.SIGKILL)
