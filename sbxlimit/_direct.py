@@ -125,8 +125,10 @@ def run(
             handed_over=_nothing,
         )
     except BaseException:
+        if sbx.pid > 0:  # interrupted as spawn() returned: the child runs
+            _kill(sbx)
         sbx.release_quota()
-        sbx.finalize(reaped=sbx.failed_status is not None)
+        sbx.finalize(reaped=sbx.failed_status is not None or sbx.gone)
         raise
     try:
         try:

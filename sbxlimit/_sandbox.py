@@ -482,6 +482,7 @@ class Sandbox:
         if errwrite != -1 and errread != -1 and errwrite != devnull:
             close_after.append(errwrite)
         ours = len(close_after)  # from here on: fds of our own making
+        pid, failure = 0, None
         try:
             # First: a pooled cgroup gives the sandbox its id (and name).
             cg_dirfd = -1
@@ -672,9 +673,15 @@ class Sandbox:
                     step, err_no, detail, executable=executable, cwd=cwd, reason=reason
                 )
         except BaseException:
-            # Our own fds in close_after that the core never took.
-            self._abort(pumps, ns, close_after[ours:] if ours >= 0 else ())
-            settle_monitor()  # the pools taken from are refilled all the same
+            try:
+                if pid > 0 and failure is None:
+                    # Made and running (what came after failed, or a
+                    # signal's handler raised): nobody else knows it.
+                    self._end_child(pid, start_new_session or pgid == 0)
+            finally:
+                # Our own fds in close_after that the core never took.
+                self._abort(pumps, ns, close_after[ours:] if ours >= 0 else ())
+                settle_monitor()  # the pools taken from are refilled all the same
             raise
         if ns is not None:
             ns.close()
@@ -708,6 +715,15 @@ class Sandbox:
             return Cgroup.create(site, f"sbx-{self.id}", settings)
         except OSError as e:
             raise setup_error("cgroup:create", e.errno or errno.EIO, 0, e.filename) from e
+
+    def _end_child(self, pid: int, leads_group: bool) -> None:
+        """SIGKILL to a child the spawn made but will not return (and to
+        its group, its cgroup), then its reap."""
+        signal_tree(pid, signal.SIGKILL, pid if leads_group else 0, self.cgroup)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
     def _abort(self, pumps: list[Pump], ns: _namespaces.Spawn | None, fds: Sequence[int]) -> None:
         """Give back, in one place, everything a spawn that did not happen

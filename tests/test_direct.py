@@ -494,3 +494,29 @@ def test_an_interrupt_while_the_child_is_made_ends_it(tmp_path):
     finally:
         for pid in _running(mark):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("extra", [{}, VIA_POPEN], ids=["direct", "popen"])
+def test_a_failure_after_the_child_is_made_ends_it(tmp_path, monkeypatch, extra):
+    # What the spawn does once the child runs fails (here the cgroup's
+    # note that it holds the child): the child is ended and reaped, not
+    # left running unknown.
+    site = discover()
+    if not site.version:
+        pytest.skip(f"the step that fails here is a cgroup's: {site.reason}")
+    from sbxlimit._cgroup import Cgroup
+
+    def fails(self):
+        raise RuntimeError("after the child")
+
+    monkeypatch.setattr(Cgroup, "spawned", fails)
+    mark, _started, _argv = _tree_with_a_grandchild(tmp_path)
+    before = _children()
+    try:
+        with pytest.raises(RuntimeError, match="after the child"):
+            sbxlimit.run(["sleep", mark], limits={"cpu_time": 10}, **extra)
+        assert _gone(mark)
+        assert _children() == before
+    finally:
+        for pid in _running(mark):
+            os.kill(pid, signal.SIGKILL)
