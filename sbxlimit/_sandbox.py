@@ -4,22 +4,29 @@ A ``Sandbox`` holds everything one sandbox owns (its plan, workspace,
 cgroup, Seatbelt profile, namespace sockets, output pumps, quota admission,
 supervision) and the order in which it gets and gives them back:
 
+    configure()  the sandbox's arguments checked, then prepare(), then
+               the quota's room taken
     prepare()  validate and plan, before anything exists (ConfigError,
                UnsupportedError)
     spawn()    acquire in order -- workspace, Seatbelt profile, output
                pumps, cgroup, Landlock ruleset, namespace sockets -- then
-               make the child; on any failure ``_abort()`` gives back what
-               was taken, in one place
-    supervise  register with the one supervisor thread (_monitor)
-    leader_exited(), reaped()
-               end what the leader left, keep the cgroup's final figures
-               and the workspace's size, then hand the cgroup to the
-               supervisor for removal
-    evidence() the one record the verdict and the final usage come from
-    close()    remove the workspace (or keep it)
+               make the child; on any failure the child, if made, is
+               killed and reaped (``_end_child``) and ``_abort()`` gives
+               back what was taken, in one place
+    started()  register with the one supervisor thread (_monitor), or,
+               for a caller that waits, leave a watch of timers alone to
+               it for when the first is due (``Monitor.defer``)
+    reap()     wait for the leader's exit without reaping it, end what it
+               left (leader_exited), reap it, and keep the cgroup's final
+               figures and the workspace's size (reaped), the cgroup
+               handed to the supervisor for removal
+    exited()   give the quota's room back, tell the audit
+    outcome()  the one record the verdict and the final usage come from
+    close_workspace()  remove the workspace (or keep it)
 
 ``sbxlimit.Popen`` is subprocess's class plus a Sandbox; the asyncio
-``Process`` and ``ForkedSandbox`` drive the same object through it.
+``Process`` and ``ForkedSandbox`` drive the same object through it, and
+``run()`` drives it directly where nothing of Popen is needed (_direct).
 """
 
 from __future__ import annotations
