@@ -63,13 +63,13 @@ def _open_dir(fd: int, name: str, open_up: bool) -> int:
         return os.open(name, _DIR, dir_fd=fd)
 
 
-def walk(path: str, visit: Visit, *, open_up: bool = False) -> bool:
+def walk(path: str, visit: Visit, *, open_up: bool = False, deadline: float | None = None) -> bool:
     """visit(dir_fd, name, is_dir) for every entry under `path`, each
     directory after what is in it; `path` itself is not visited.  With
     `open_up`, what cannot be searched or opened is made so (chmod 0700;
     the removal's).  False if the walk stopped early: `path` could not be
-    opened, or a directory moved while it was below it (or this is
-    Windows: no *at calls)."""
+    opened, a directory moved while it was below it, `deadline` (of
+    `time.monotonic()`) passed (or this is Windows: no *at calls)."""
     if not usable:
         return False
     # `path` is the caller's (a workdir may be a link): the rest is the program's.
@@ -89,8 +89,12 @@ def walk(path: str, visit: Visit, *, open_up: bool = False) -> bool:
     stack: list[tuple[str, tuple[int, int], list[tuple[str, bool]]]] = []
     here: tuple[str, tuple[int, int]] = ("", _ident(os.fstat(fd)))
     try:
-        entries = _list(fd, open_up)
+        entries = _list(fd, open_up, deadline)
         while True:
+            # A program that makes files (or deeper directories) where the
+            # walk has yet to go, faster than it goes, would keep it going.
+            if deadline is not None and time.monotonic() > deadline:
+                return False
             if entries:
                 name, is_dir = entries.pop()
                 if not is_dir:
@@ -105,7 +109,7 @@ def walk(path: str, visit: Visit, *, open_up: bool = False) -> bool:
                 os.close(fd)
                 fd = child
                 here = (name, _ident(os.fstat(fd)))
-                entries = _list(fd, open_up)
+                entries = _list(fd, open_up, deadline)
                 continue
             if not stack:
                 return True
@@ -159,14 +163,20 @@ def _reopen(path: str, top: int, chain: list[tuple[str, tuple[int, int]]]) -> in
     return fd
 
 
-def _list(fd: int, open_up: bool) -> list[tuple[str, bool]]:
+def _list(fd: int, open_up: bool, deadline: float | None) -> list[tuple[str, bool]]:
     """(name, is a directory) of each entry of directory `fd`: its type as
     the listing gives it (a stat only where the filesystem gives none),
-    taken now, while `fd` is the one they were listed from."""
+    taken now, while `fd` is the one they were listed from.  Cut short at
+    `deadline` (what a directory still growing as it is read has by then)."""
 
     def listing() -> list[tuple[str, bool]]:
+        got: list[tuple[str, bool]] = []
         with os.scandir(fd) as it:
-            return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+            for e in it:
+                got.append((e.name, e.is_dir(follow_symlinks=False)))
+                if deadline is not None and not len(got) % 4096 and time.monotonic() > deadline:
+                    break
+        return got
 
     return _retry(fd, open_up, listing)
 
@@ -203,12 +213,16 @@ def remove_tree(path: str) -> bool:
         return not os.path.lexists(path)
     # Again while a pass gets further (a few times), or is cut short by
     # what another thread removes (the exit's removal meeting the
-    # janitor's): the tree is gone when this returns True, whoever removed it.
+    # janitor's): the tree is gone when this returns True, whoever removed
+    # it.  Each pass is cut short where the removal would stop after it.
     start = time.monotonic()
     further = 0  # passes that got further
+    first = True
     while True:
         before = removed
-        whole = walk(path, remove, open_up=True)
+        limit = start + (_FIRST if first else _FURTHER if further else _CONTENDED)
+        first = False
+        whole = walk(path, remove, open_up=True, deadline=limit)
         try:
             os.rmdir(path)
         except OSError:
@@ -216,8 +230,10 @@ def remove_tree(path: str) -> bool:
         if not os.path.lexists(path):
             return True
         now = time.monotonic()
+        if now > limit:
+            return False  # a program still makes what is removed (or another removes it)
         if removed == before:
-            if whole or now > start + _CONTENDED:
+            if whole:
                 return False  # what is left cannot be removed
             time.sleep(0.01)
             continue
@@ -226,6 +242,11 @@ def remove_tree(path: str) -> bool:
             return False  # a program still makes what is removed
 
 
+# Seconds the first pass may take: a tree of some millions of entries (a
+# larger one is left, to be tried again); a program that makes files where
+# the pass has yet to go, faster than it goes, would otherwise hold it for
+# as long as it likes, in one pass.
+_FIRST = 30.0
 # Seconds a removal goes on while another removes the same tree.
 _CONTENDED = 10.0
 # Passes that get further, at most, and seconds: a program that makes
