@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["remove_tree", "tree_size", "usable"]
+__all__ = ["TreeSize", "Walk", "remove_tree", "tree_size", "usable", "walk"]
 
 _DIR = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
 
@@ -70,31 +70,88 @@ def walk(path: str, visit: Visit, *, open_up: bool = False, deadline: float | No
     the removal's).  False if the walk stopped early: `path` could not be
     opened, a directory moved while it was below it, `deadline` (of
     `time.monotonic()`) passed (or this is Windows: no *at calls)."""
-    if not usable:
-        return False
-    # `path` is the caller's (a workdir may be a link): the rest is the program's.
-    top = _DIR & ~getattr(os, "O_NOFOLLOW", 0)
+    w = Walk(path, visit, open_up=open_up)
     try:
+        return w.run(deadline) and w.whole is True
+    finally:
+        w.close()
+
+
+# The directory a walk is in: its name in its parent, its identity.
+_Here = tuple[str, tuple[int, int]]
+
+
+class Walk:
+    """walk()'s walk, which can stop at a deadline and go on from there
+    later (the sizer's: one program's tree, made to grow ahead of its
+    walk, must not hold the walks of the others).  It holds one directory
+    open at a time (`fd`, whose identity is `ident`), none once done."""
+
+    def __init__(self, path: str, visit: Visit, *, open_up: bool = False) -> None:
+        self.path, self._visit, self._open_up = path, visit, open_up
+        self.fd = -1
+        self.whole: bool | None = None  # how it ended: None while under way
+        # Each level above the current one: (its name in its parent, its
+        # identity, the entries still to visit in it).
+        self._stack: list[tuple[str, tuple[int, int], list[tuple[str, bool]]]] = []
+        self._here: _Here = ("", (0, 0))
+        self._entries: list[tuple[str, bool]] | None = None  # None: not begun
+        # `path` is the caller's (a workdir may be a link): the rest is the program's.
+        self._top = _DIR & ~getattr(os, "O_NOFOLLOW", 0)
+
+    @property
+    def ident(self) -> tuple[int, int]:
+        return self._here[1]
+
+    def run(self, deadline: float | None = None) -> bool:
+        """Walk on until the end (True: `whole` says whether everything
+        was visited) or until `deadline` (of `time.monotonic()`) passes
+        (False: call again to go on)."""
+        if self.whole is not None:
+            return True
         try:
-            fd = os.open(path, top)
-        except PermissionError:
-            if not open_up:
-                raise
-            os.chmod(path, stat.S_IRWXU)  # (the workspace itself, made 000)
-            fd = os.open(path, top)
-    except OSError:
-        return False
-    # Each level above the current one: (its name in its parent, its
-    # identity, the entries still to visit in it).
-    stack: list[tuple[str, tuple[int, int], list[tuple[str, bool]]]] = []
-    here: tuple[str, tuple[int, int]] = ("", _ident(os.fstat(fd)))
-    try:
-        entries = _list(fd, open_up, deadline)
-        while True:
+            if self._step(deadline):
+                return False
+        except OSError:
+            self.whole = False
+        if self.whole is None:
+            self.whole = True
+        self.close()
+        return True
+
+    def close(self) -> None:
+        """Give up the walk (if not done) and its directory."""
+        if self.whole is None:
+            self.whole = False
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _step(self, deadline: float | None) -> bool:
+        """The walk from where it stopped: True if `deadline` passed (the
+        walk stopped where it can go on); else done (whole, unless it set
+        whole False)."""
+        if not usable:
+            self.whole = False
+            return False
+        open_up, stack, visit = self._open_up, self._stack, self._visit
+        if self._entries is None:
+            try:
+                self.fd = os.open(self.path, self._top)
+            except PermissionError:
+                if not open_up:
+                    raise
+                os.chmod(self.path, stat.S_IRWXU)  # (the workspace itself, made 000)
+                self.fd = os.open(self.path, self._top)
+            self._here = ("", _ident(os.fstat(self.fd)))
+            self._entries = self._list(deadline)
+        fd, entries = self.fd, self._entries
+        while entries is not None:
             # A program that makes files (or deeper directories) where the
             # walk has yet to go, faster than it goes, would keep it going.
             if deadline is not None and time.monotonic() > deadline:
-                return False
+                self._entries = entries
+                return True
             if entries:
                 name, is_dir = entries.pop()
                 if not is_dir:
@@ -105,18 +162,18 @@ def walk(path: str, visit: Visit, *, open_up: bool = False, deadline: float | No
                 except OSError:
                     visit(fd, name, True)  # as it is: what is in it stays
                     continue
-                stack.append((*here, entries))
+                stack.append((*self._here, entries))
                 os.close(fd)
-                fd = child
-                here = (name, _ident(os.fstat(fd)))
-                entries = _list(fd, open_up, deadline)
+                self.fd = fd = child
+                self._here = (name, _ident(os.fstat(fd)))
+                entries = self._list(deadline)
                 continue
             if not stack:
-                return True
+                return False
             up = os.open("..", _DIR, dir_fd=fd)
             os.close(fd)
-            fd = up
-            done = here[0]
+            self.fd = fd = up
+            done = self._here[0]
             parent_name, parent_ident, entries = stack.pop()
             if _ident(os.fstat(fd)) != parent_ident:
                 # The directory we were in moved meanwhile: ".." is not where
@@ -125,18 +182,22 @@ def walk(path: str, visit: Visit, *, open_up: bool = False, deadline: float | No
                 # must not end the walk there (what comes after it would not
                 # be counted).  Gone too: the walk stops.
                 os.close(fd)
-                fd = -1
+                self.fd = -1
                 chain = [(n, i) for n, i, _e in stack] + [(parent_name, parent_ident)]
-                fd = _reopen(path, top, chain)
+                self.fd = fd = _reopen(self.path, self._top, chain)
                 if fd < 0:
+                    self.whole = False
                     return False
             visit(fd, done, True)
-            here = (parent_name, parent_ident)
-    except OSError:
+            self._here = (parent_name, parent_ident)
+        self.whole = False  # a listing cut short at the deadline
         return False
-    finally:
-        if fd >= 0:
-            os.close(fd)
+
+    def _list(self, deadline: float | None) -> list[tuple[str, bool]] | None:
+        """The entries of the directory the walk is in, or None if the
+        deadline passed before they were all listed (the walk cannot go
+        on from there: it ends)."""
+        return _list(self.fd, self._open_up, deadline)
 
 
 def _reopen(path: str, top: int, chain: list[tuple[str, tuple[int, int]]]) -> int:
@@ -163,19 +224,19 @@ def _reopen(path: str, top: int, chain: list[tuple[str, tuple[int, int]]]) -> in
     return fd
 
 
-def _list(fd: int, open_up: bool, deadline: float | None) -> list[tuple[str, bool]]:
+def _list(fd: int, open_up: bool, deadline: float | None) -> list[tuple[str, bool]] | None:
     """(name, is a directory) of each entry of directory `fd`: its type as
     the listing gives it (a stat only where the filesystem gives none),
-    taken now, while `fd` is the one they were listed from.  Cut short at
-    `deadline` (what a directory still growing as it is read has by then)."""
+    taken now, while `fd` is the one they were listed from.  None if
+    `deadline` passed first (a directory still growing as it is read)."""
 
-    def listing() -> list[tuple[str, bool]]:
+    def listing() -> list[tuple[str, bool]] | None:
         got: list[tuple[str, bool]] = []
         with os.scandir(fd) as it:
             for e in it:
                 got.append((e.name, e.is_dir(follow_symlinks=False)))
                 if deadline is not None and not len(got) % 4096 and time.monotonic() > deadline:
-                    break
+                    return None
         return got
 
     return _retry(fd, open_up, listing)
@@ -265,30 +326,61 @@ def tree_size(path: str) -> int:
     A walk cut short (a directory above the one it was in moved, or
     `path` could not be opened) is tried again, a few times: what it did
     not reach is not counted."""
-    most = 0
-    for _ in range(_SIZE_TRIES):
-        total, whole = _tree_size(path)
-        most = max(most, total)
-        if whole:
-            return total
-    return most
+    size = TreeSize(path)
+    try:
+        got = size.run()
+    finally:
+        size.close()
+    assert got is not None
+    return got
 
 
-def _tree_size(path: str) -> tuple[int, bool]:
-    total = 0
-    seen: set[tuple[int, int]] = set()
+class TreeSize:
+    """tree_size(path), measured a part at a time if need be: run() until
+    a deadline, then again later from where it stopped (the sizer's)."""
 
-    def count(fd: int, name: str, is_dir: bool) -> None:
-        nonlocal total
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._most = 0  # the largest count of the walks cut short
+        self._tries = 0
+        self._total = 0
+        self._seen: set[tuple[int, int]] = set()
+        self._walk: Walk | None = None
+
+    def run(self, deadline: float | None = None) -> int | None:
+        """The size, or None if `deadline` (of `time.monotonic()`) passed
+        first: call again to go on."""
+        while True:
+            if self._walk is None:
+                self._total, self._seen = 0, set()
+                self._walk = Walk(self.path, self._count)
+            if not self._walk.run(deadline):
+                return None
+            whole, self._walk = self._walk.whole, None
+            self._tries += 1
+            if whole:
+                return self._total
+            self._most = max(self._most, self._total)
+            if self._tries >= _SIZE_TRIES:
+                return self._most
+
+    def fd(self) -> tuple[int, tuple[int, int]] | None:
+        """The directory the walk holds open and its identity, if any."""
+        w = self._walk
+        return (w.fd, w.ident) if w is not None and w.fd >= 0 else None
+
+    def close(self) -> None:
+        if self._walk is not None:
+            self._walk.close()
+            self._walk = None
+
+    def _count(self, fd: int, name: str, is_dir: bool) -> None:
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except OSError:
             return
         if st.st_nlink > 1 and not is_dir:
-            if _ident(st) in seen:
+            if _ident(st) in self._seen:
                 return
-            seen.add(_ident(st))
-        total += st.st_blocks * 512
-
-    whole = walk(path, count)
-    return total, whole
+            self._seen.add(_ident(st))
+        self._total += st.st_blocks * 512

@@ -80,6 +80,9 @@ _SOON = 0.1
 _RETIRE_TICK = 0.01
 _RETIRE_FOR = 30.0
 _RECHECKS, _RECHECK_AFTER = 10, 0.005  # an OOM's kill counted within 50 ms
+# Seconds of one workspace's size walk before the next waiting takes its
+# turn (a walk alone goes on: its next turn is at once).
+_SIZE_TURN = 0.2
 _GRID = 0.01  # samples are aligned to multiples of min(this, interval / 4)
 
 
@@ -454,7 +457,8 @@ class Monitor:
         self._emptying = 0  # threads removing what they took from _trash
         # Workspaces to measure (Watch, path, limit), by the sizer thread
         # (started at the first): a walk as long as the program makes it.
-        self._sizes: list[tuple[Watch, str, int]] = []
+        self._sizes: list[tuple[Watch, _workspace.Sizing, int]] = []
+        self._sizing: _workspace.Sizing | None = None  # the sizer's, in its turn
         self._sizer = _Worker("sbxlimit-sizer", self._measure_sizes)
         # What a program left in its workspace, removed by the janitor
         # thread (started at the first), not by the supervisor.
@@ -907,20 +911,38 @@ class Monitor:
         if w.sizing:
             return
         w.sizing = True
-        self._sizes.append((w, path, limit))
+        self._sizes.append((w, _workspace.Sizing(path), limit))
         self._sizer.wake()
 
     def _measure_sizes(self) -> None:
-        """The sizer thread's: walk each workspace asked for, then judge."""
-        with self._lock:
-            todo, self._sizes = self._sizes, []
-        for w, path, limit in todo:
-            used = _workspace.size(path)
+        """The sizer thread's: walk each workspace asked for, then judge.
+        The walks take turns, _SIZE_TURN at a time, each going on from
+        where it stopped: a program that makes its tree grow ahead of its
+        walk holds its own sample, not every sandbox's."""
+        while True:
             with self._lock:
+                if not self._sizes:
+                    return
+                w, size, limit = self._sizes.pop(0)
+                self._sizing = size
+            try:
+                used = None if w.done else size.run(time.monotonic() + _SIZE_TURN)
+            except BaseException:
+                size.close()
+                with self._lock:
+                    self._sizing = None
+                    w.sizing = False
+                raise
+            with self._lock:
+                self._sizing = None
+                if used is None and not w.done:
+                    self._sizes.append((w, size, limit))  # its next turn
+                    continue
                 w.sizing = False
-                if not w.done:
+                if used is not None and not w.done:
                     self._disk_used(w, used, limit, "watchdog:disk")
-        self._flush_warnings()
+            size.close()
+            self._flush_warnings()
 
     def _disk_used(self, w: Watch, used: int, limit: int, mech: str) -> None:
         """Judge a sample of the workspace's size (lock held)."""
@@ -1392,6 +1414,11 @@ class Monitor:
             owned.update(cg.owned_fds())
         for fd, (_w, field) in list(self._by_event.items()):
             owned[fd] = "eventfd" if field == "eventfd" else self._event_idents.get(fd)
+        # The directory each size walk waiting for its next turn holds.
+        for size in [s for _w, s, _l in list(self._sizes)] + [self._sizing]:
+            held = size.fd() if size is not None else None
+            if held is not None:
+                owned[held[0]] = held[1]
         # What the thread had open for a moment at the fork (a limit
         # written, a counter read, in a core call): any file in a cgroup
         # directory of ours.

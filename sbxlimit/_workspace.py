@@ -351,6 +351,11 @@ def size(path: str) -> int:
     return _fstree.tree_size(path)
 
 
+# size(path), measured a part at a time: run(deadline) until it gives the
+# size (the sizer's; see _fstree.TreeSize).
+Sizing = _fstree.TreeSize
+
+
 def tmpfs_usage(fd: int) -> tuple[int, bool]:
     """(bytes used, full) of the size-capped tmpfs whose root is `fd`."""
     st = os.fstatvfs(fd)

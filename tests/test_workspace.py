@@ -25,6 +25,7 @@ from .conftest import (
     can_choose_the_next_pid,
     fs_type,
     in_a_fork,
+    kept_in_a_fork,
     privileges,
     settled_temp,
     wait_gone,
@@ -414,17 +415,17 @@ def test_a_long_walk_of_a_workdir_s_size_does_not_delay_other_sandboxes_kills(
     # held for 10 s, and another sandbox's wall_time is still enforced.
     from sbxlimit import _workspace
 
-    real, entered, release = _workspace.size, threading.Event(), threading.Event()
-    walked_out = threading.Event()
+    entered, release, walked_out = threading.Event(), threading.Event(), threading.Event()
 
-    def slow(path):
-        if path == str(tmp_path) and not walked_out.is_set():
-            entered.set()
-            release.wait(10)
-            walked_out.set()
-        return real(path)
+    class Slow(_workspace.Sizing):
+        def run(self, deadline: float | None = None) -> int | None:
+            if self.path == str(tmp_path) and not walked_out.is_set():
+                entered.set()
+                release.wait(10)
+                walked_out.set()
+            return super().run(deadline)
 
-    monkeypatch.setattr(_workspace, "size", slow)
+    monkeypatch.setattr(_workspace, "Sizing", Slow)
     policy = Policy(workdir=str(tmp_path), protect_dotfiles=False)
     with sbxlimit.Popen(
         ["sleep", "30"], limits=Limits(disk="1Gi"), policy=policy, sample_interval="20ms"
@@ -439,6 +440,119 @@ def test_a_long_walk_of_a_workdir_s_size_does_not_delay_other_sandboxes_kills(
         finally:
             release.set()
             walked.kill_tree(grace=0)
+
+
+# Keeps its tree deeper than the size walk has gone (a directory in the
+# last, at least 2048 below the deepest the walk has opened: some 30 ms of
+# its way) until `cap` deep.
+DEEPER_THAN_THE_WALK = """
+import ctypes, os, struct, sys
+top, cap = sys.argv[1], int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+ino = libc.inotify_init1(0)
+os.chdir(top)
+depth, levels = 0, {}
+
+def deeper():
+    global depth
+    for _ in range(512):
+        os.mkdir("d")
+        os.chdir("d")
+        depth += 1
+        if not depth % 64:  # (a watch on each would be slower than the walk)
+            levels[libc.inotify_add_watch(ino, b".", 0x20)] = depth  # IN_OPEN
+
+deeper()
+print(flush=True)
+while depth < cap:
+    buf, off, reached = os.read(ino, 65536), 0, 0
+    while off < len(buf):
+        wd, _mask, _cookie, size = struct.unpack_from("iIII", buf, off)
+        off += 16 + size
+        if wd in levels:
+            reached = max(reached, levels.pop(wd))
+            libc.inotify_rm_watch(ino, wd)
+    while depth - reached < 2048:
+        deeper()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the program watches with inotify")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason=f"a tmpfs workdir mounted for the test needs root ({privileges()})"
+)
+def test_a_tree_grown_ahead_of_its_size_walk_does_not_hold_other_sandboxes_samples(tmp_path):
+    # One sizer thread walks every workdir's size, each walk to its end: a
+    # program that kept its tree deeper than its walk had gone held every
+    # other sandbox's `disk` samples as long as it went on (here, 400,000
+    # directories deep: seconds), and their writes past the limit went on.
+    # (On a tmpfs, where a directory is made faster than the walk goes:
+    # this machine's ext4 took 240 us to make one, the walk 16 to pass it.)
+    grows, writes = tmp_path / "grows", tmp_path / "writes"
+    grows.mkdir()
+    writes.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", str(grows)], check=True)
+    try:
+        _grown_ahead_of_the_walk(grows, writes)
+    finally:
+        subprocess.run(["umount", "-l", str(grows)], check=True)
+
+
+def _grown_ahead_of_the_walk(grows: pathlib.Path, writes: pathlib.Path) -> None:
+    a = sbxlimit.Popen(
+        ["sleep", "60"],
+        limits=Limits(disk="1Gi", wall_time=60),
+        policy=Policy(workdir=str(grows), protect_dotfiles=False),
+        sample_interval="20ms",
+    )
+    grower = subprocess.Popen(
+        [PY, "-c", DEEPER_THAN_THE_WALK, str(grows), "400000"], stdout=subprocess.PIPE
+    )
+    try:
+        assert grower.stdout is not None and grower.stdout.readline()
+        time.sleep(0.2)  # the walk under way
+        b = sbxlimit.run(
+            [PY, "-c", "open('big', 'wb').write(b'x' * 8_000_000); import time; time.sleep(60)"],
+            limits=Limits(disk="1Mi", wall_time="2s"),
+            policy=Policy(workdir=str(writes), protect_dotfiles=False),
+            sample_interval="20ms",
+        )
+        assert grower.poll() is None  # still growing the tree
+    finally:
+        grower.kill()
+        grower.wait()
+        grower.stdout.close()  # type: ignore[union-attr]
+        a.kill_tree(grace=0)
+        a.wait()
+    assert b.termination.reason == "disk", b.termination
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_size_walk_waiting_for_its_turn_is_not_left_open_in_a_fork(tmp_path):
+    # A walk between two turns holds the directory it is in: a forked
+    # child (a ForkedSandbox's program) must not keep it.
+    import types
+
+    from sbxlimit import _workspace
+    from sbxlimit._monitor import get_monitor
+
+    (tmp_path / "d").mkdir()
+    size = _workspace.Sizing(str(tmp_path))
+    assert size.run(deadline=0) is None  # stopped at once, where it can go on
+    held = size.fd()
+    assert held is not None
+    entry = (types.SimpleNamespace(done=True, sizing=True), size, 0)
+    m = get_monitor()
+    with m._lock:
+        m._sizes.append(entry)  # type: ignore[arg-type]
+    try:
+        assert held[0] not in kept_in_a_fork([held[0]])
+    finally:
+        with m._lock:
+            if entry in m._sizes:
+                m._sizes.remove(entry)  # type: ignore[arg-type]
+        size.close()
+    assert size.run() == _fstree.tree_size(str(tmp_path))  # closed: a walk anew
 
 
 def test_a_workspace_made_ahead_is_the_sandboxs_own():
