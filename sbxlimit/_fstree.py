@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -80,12 +82,20 @@ def walk(path: str, visit: Visit, *, open_up: bool = False, deadline: float | No
 # The directory a walk is in: its name in its parent, its identity.
 _Here = tuple[str, tuple[int, int]]
 
+# Held for each step of a walk (an entry visited, a directory entered or
+# left): a fork waits for the step to end, so that the child finds each
+# walk's directory where `fd` says, and no fd a step holds for a moment.
+_step_lock = threading.Lock()
+# The walks holding a directory open: a forked child closes them (a
+# ForkedSandbox's program must not keep another sandbox's workspace open).
+_open_walks: weakref.WeakSet[Walk] = weakref.WeakSet()
+
 
 class Walk:
     """walk()'s walk, which can stop at a deadline and go on from there
     later (the sizer's: one program's tree, made to grow ahead of its
     walk, must not hold the walks of the others).  It holds one directory
-    open at a time (`fd`, whose identity is `ident`), none once done."""
+    open at a time (`fd`), none once done."""
 
     def __init__(self, path: str, visit: Visit, *, open_up: bool = False) -> None:
         self.path, self._visit, self._open_up = path, visit, open_up
@@ -99,21 +109,28 @@ class Walk:
         # `path` is the caller's (a workdir may be a link): the rest is the program's.
         self._top = _DIR & ~getattr(os, "O_NOFOLLOW", 0)
 
-    @property
-    def ident(self) -> tuple[int, int]:
-        return self._here[1]
-
     def run(self, deadline: float | None = None) -> bool:
         """Walk on until the end (True: `whole` says whether everything
         was visited) or until `deadline` (of `time.monotonic()`) passes
-        (False: call again to go on)."""
+        (False: call again to go on; one step is taken at least)."""
         if self.whole is not None:
             return True
         try:
-            if self._step(deadline):
-                return False
+            while True:
+                # A program that makes files (or deeper directories) where
+                # the walk has yet to go, faster than it goes, would keep it
+                # going: the deadline is looked at after each step.
+                with _step_lock:
+                    going = self._step()
+                if not going:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
         except OSError:
             self.whole = False
+        except BaseException:
+            self.close()
+            raise
         if self.whole is None:
             self.whole = True
         self.close()
@@ -121,21 +138,22 @@ class Walk:
 
     def close(self) -> None:
         """Give up the walk (if not done) and its directory."""
-        if self.whole is None:
-            self.whole = False
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        with _step_lock:
+            if self.whole is None:
+                self.whole = False
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+            _open_walks.discard(self)
 
-    def _step(self, deadline: float | None) -> bool:
-        """The walk from where it stopped: True if `deadline` passed (the
-        walk stopped where it can go on); else done (whole, unless it set
-        whole False)."""
+    def _step(self) -> bool:
+        """One step from where the walk is: True if there is more to do;
+        else it is done (whole, unless this set `whole` False)."""
         if not usable:
             self.whole = False
             return False
-        open_up, stack, visit = self._open_up, self._stack, self._visit
-        if self._entries is None:
+        open_up, stack, fd, entries = self._open_up, self._stack, self.fd, self._entries
+        if entries is None:  # the first
             try:
                 self.fd = os.open(self.path, self._top)
             except PermissionError:
@@ -143,61 +161,81 @@ class Walk:
                     raise
                 os.chmod(self.path, stat.S_IRWXU)  # (the workspace itself, made 000)
                 self.fd = os.open(self.path, self._top)
+            _open_walks.add(self)
             self._here = ("", _ident(os.fstat(self.fd)))
-            self._entries = self._list(deadline)
-        fd, entries = self.fd, self._entries
-        while entries is not None:
-            # A program that makes files (or deeper directories) where the
-            # walk has yet to go, faster than it goes, would keep it going.
-            if deadline is not None and time.monotonic() > deadline:
-                self._entries = entries
+            self._entries = _list(self.fd, open_up)
+            return True
+        if entries:
+            name, is_dir = entries.pop()
+            if not is_dir:
+                self._visit(fd, name, False)
                 return True
-            if entries:
-                name, is_dir = entries.pop()
-                if not is_dir:
-                    visit(fd, name, False)
-                    continue
-                try:
-                    child = _open_dir(fd, name, open_up)
-                except OSError:
-                    visit(fd, name, True)  # as it is: what is in it stays
-                    continue
-                stack.append((*self._here, entries))
-                os.close(fd)
-                self.fd = fd = child
-                self._here = (name, _ident(os.fstat(fd)))
-                entries = self._list(deadline)
-                continue
-            if not stack:
-                return False
-            up = os.open("..", _DIR, dir_fd=fd)
+            try:
+                child = _open_dir(fd, name, open_up)
+            except OSError:
+                self._visit(fd, name, True)  # as it is: what is in it stays
+                return True
+            stack.append((*self._here, entries))
             os.close(fd)
-            self.fd = fd = up
-            done = self._here[0]
-            parent_name, parent_ident, entries = stack.pop()
-            if _ident(os.fstat(fd)) != parent_ident:
-                # The directory we were in moved meanwhile: ".." is not where
-                # we came from.  Its parent again by name from the top, each
-                # level checked; a program that moves what it is measured in
-                # must not end the walk there (what comes after it would not
-                # be counted).  Gone too: the walk stops.
-                os.close(fd)
-                self.fd = -1
-                chain = [(n, i) for n, i, _e in stack] + [(parent_name, parent_ident)]
-                self.fd = fd = _reopen(self.path, self._top, chain)
-                if fd < 0:
-                    self.whole = False
-                    return False
-            visit(fd, done, True)
-            self._here = (parent_name, parent_ident)
-        self.whole = False  # a listing cut short at the deadline
-        return False
+            self.fd = child
+            self._here = (name, _ident(os.fstat(child)))
+            self._entries = _list(child, open_up)
+            return True
+        if not stack:
+            return False
+        up = os.open("..", _DIR, dir_fd=fd)
+        os.close(fd)
+        self.fd = fd = up
+        done = self._here[0]
+        parent_name, parent_ident, self._entries = stack.pop()
+        if _ident(os.fstat(fd)) != parent_ident:
+            # The directory we were in moved meanwhile: ".." is not where
+            # we came from.  Its parent again by name from the top, each
+            # level checked; a program that moves what it is measured in
+            # must not end the walk there (what comes after it would not
+            # be counted).  Gone too: the walk stops.
+            os.close(fd)
+            self.fd = -1
+            chain = [(n, i) for n, i, _e in stack] + [(parent_name, parent_ident)]
+            self.fd = fd = _reopen(self.path, self._top, chain)
+            if fd < 0:
+                self.whole = False
+                return False
+        self._here = (parent_name, parent_ident)
+        self._visit(fd, done, True)
+        return True
 
-    def _list(self, deadline: float | None) -> list[tuple[str, bool]] | None:
-        """The entries of the directory the walk is in, or None if the
-        deadline passed before they were all listed (the walk cannot go
-        on from there: it ends)."""
-        return _list(self.fd, self._open_up, deadline)
+
+def _before_fork() -> None:
+    _step_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _step_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    # The walks are other threads', gone here: their directories closed.
+    global _step_lock
+    for w in list(_open_walks):
+        if w.fd >= 0:
+            try:
+                os.close(w.fd)
+            except OSError:
+                pass
+            w.fd = -1
+        if w.whole is None:
+            w.whole = False
+    _open_walks.clear()
+    _step_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 def _reopen(path: str, top: int, chain: list[tuple[str, tuple[int, int]]]) -> int:
@@ -224,20 +262,14 @@ def _reopen(path: str, top: int, chain: list[tuple[str, tuple[int, int]]]) -> in
     return fd
 
 
-def _list(fd: int, open_up: bool, deadline: float | None) -> list[tuple[str, bool]] | None:
+def _list(fd: int, open_up: bool) -> list[tuple[str, bool]]:
     """(name, is a directory) of each entry of directory `fd`: its type as
     the listing gives it (a stat only where the filesystem gives none),
-    taken now, while `fd` is the one they were listed from.  None if
-    `deadline` passed first (a directory still growing as it is read)."""
+    taken now, while `fd` is the one they were listed from."""
 
-    def listing() -> list[tuple[str, bool]] | None:
-        got: list[tuple[str, bool]] = []
+    def listing() -> list[tuple[str, bool]]:
         with os.scandir(fd) as it:
-            for e in it:
-                got.append((e.name, e.is_dir(follow_symlinks=False)))
-                if deadline is not None and not len(got) % 4096 and time.monotonic() > deadline:
-                    return None
-        return got
+            return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
 
     return _retry(fd, open_up, listing)
 
@@ -352,6 +384,8 @@ class TreeSize:
         first: call again to go on."""
         while True:
             if self._walk is None:
+                if self._tries and deadline is not None and time.monotonic() > deadline:
+                    return None  # the next try in the next turn
                 self._total, self._seen = 0, set()
                 self._walk = Walk(self.path, self._count)
             if not self._walk.run(deadline):
@@ -363,11 +397,6 @@ class TreeSize:
             self._most = max(self._most, self._total)
             if self._tries >= _SIZE_TRIES:
                 return self._most
-
-    def fd(self) -> tuple[int, tuple[int, int]] | None:
-        """The directory the walk holds open and its identity, if any."""
-        w = self._walk
-        return (w.fd, w.ident) if w is not None and w.fd >= 0 else None
 
     def close(self) -> None:
         if self._walk is not None:

@@ -458,7 +458,6 @@ class Monitor:
         # Workspaces to measure (Watch, path, limit), by the sizer thread
         # (started at the first): a walk as long as the program makes it.
         self._sizes: list[tuple[Watch, _workspace.Sizing, int]] = []
-        self._sizing: _workspace.Sizing | None = None  # the sizer's, in its turn
         self._sizer = _Worker("sbxlimit-sizer", self._measure_sizes)
         # What a program left in its workspace, removed by the janitor
         # thread (started at the first), not by the supervisor.
@@ -924,17 +923,14 @@ class Monitor:
                 if not self._sizes:
                     return
                 w, size, limit = self._sizes.pop(0)
-                self._sizing = size
             try:
                 used = None if w.done else size.run(time.monotonic() + _SIZE_TURN)
             except BaseException:
                 size.close()
                 with self._lock:
-                    self._sizing = None
                     w.sizing = False
                 raise
             with self._lock:
-                self._sizing = None
                 if used is None and not w.done:
                     self._sizes.append((w, size, limit))  # its next turn
                     continue
@@ -1414,11 +1410,6 @@ class Monitor:
             owned.update(cg.owned_fds())
         for fd, (_w, field) in list(self._by_event.items()):
             owned[fd] = "eventfd" if field == "eventfd" else self._event_idents.get(fd)
-        # The directory each size walk waiting for its next turn holds.
-        for size in [s for _w, s, _l in list(self._sizes)] + [self._sizing]:
-            held = size.fd() if size is not None else None
-            if held is not None:
-                owned[held[0]] = held[1]
         # What the thread had open for a moment at the fork (a limit
         # written, a counter read, in a core call): any file in a cgroup
         # directory of ours.
