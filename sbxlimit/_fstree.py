@@ -85,7 +85,10 @@ _Here = tuple[str, tuple[int, int]]
 # Held for each step of a walk (an entry visited, a directory entered or
 # left): a fork waits for the step to end, so that the child finds each
 # walk's directory where `fd` says, and no fd a step holds for a moment.
-_step_lock = threading.Lock()
+# Registered first (sbxlimit/__init__), so that the fork takes it last:
+# another before-fork hook waits for walks (_once: a final size another
+# thread measures), or walks on the forking thread (re-entrant, then).
+_step_lock = threading.RLock()
 # The walks holding a directory open: a forked child closes them (a
 # ForkedSandbox's program must not keep another sandbox's workspace open).
 _open_walks: weakref.WeakSet[Walk] = weakref.WeakSet()
@@ -227,7 +230,7 @@ def _after_fork_in_child() -> None:
         if w.whole is None:
             w.whole = False
     _open_walks.clear()
-    _step_lock = threading.Lock()
+    _step_lock = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):

@@ -579,6 +579,66 @@ def test_no_directory_of_a_walk_under_way_is_left_open_in_a_fork(fast_tmp):
     assert kept == [""] * 100, kept
 
 
+@pytest.mark.skipif(not _fstree.usable, reason="no *at calls here: the walk goes by path")
+def test_a_walk_in_another_before_fork_hook_does_not_wait_for_itself(tmp_path):
+    # A fork waits for walks between two steps; a workspace's final size is
+    # measured by another before-fork hook, on the forking thread (_once),
+    # which hung when its hook came after the walks' (a cgroup v2 guest).
+    # (In a process of its own: a walk that waits for itself holds the lock.)
+    (tmp_path / "f").write_bytes(b"x" * 8192)
+    code = (
+        "import sys\n"
+        "from sbxlimit import _fstree\n"
+        "_fstree._before_fork()  # as os.fork() calls it\n"
+        "print(_fstree.tree_size(sys.argv[1]))\n"
+        "_fstree._after_fork_in_parent()\n"
+    )
+    r = subprocess.run([PY, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and int(r.stdout) >= 8192, r.stderr
+
+
+FORK_WHILE_A_FINAL_SIZE_IS_MEASURED = """
+import os, sys, threading
+from sbxlimit import _workspace
+walking, real = threading.Event(), _workspace.size
+
+def size(path):
+    walking.set()
+    return real(path)
+
+_workspace.size = size
+final = _workspace.FinalSize(sys.argv[1])
+t = threading.Thread(target=final.get)
+t.start()
+walking.wait()
+pid = os.fork()  # its hooks wait for the final size, then for the walks' step
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+t.join()
+print(final.get())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_fork_while_another_thread_measures_a_final_size_does_not_hang(fast_tmp):
+    # A fork first has the final sizes still pending measured (for the
+    # child); when another thread was measuring one, the fork waited for it
+    # while holding what that thread's walk waited for (the walks' step).
+    tree = fast_tmp / "tree"
+    for d in range(20):
+        (tree / f"d{d}").mkdir(parents=True)
+        for f in range(1000):
+            (tree / f"d{d}" / f"f{f}").touch()
+    r = subprocess.run(
+        [PY, "-c", FORK_WHILE_A_FINAL_SIZE_IS_MEASURED, str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout.strip().isdigit(), r.stderr
+
+
 def test_a_workspace_made_ahead_is_the_sandboxs_own():
     # After a first private workspace the supervisor keeps some ready (id
     # 0); the next sandbox takes one, renamed for it: 0700, empty but for
@@ -1116,7 +1176,7 @@ def fast_tmp():
     tmpfs): this machine's ext4 took 700 us to make a file, 7 to remove it."""
     if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
         pytest.skip("no tmpfs at /dev/shm to make entries in faster than they go")
-    path = pathlib.Path(tempfile.mkdtemp(dir="/dev/shm", prefix="test-removal-"))
+    path = pathlib.Path(tempfile.mkdtemp(dir="/dev/shm", prefix="test-tree-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
