@@ -47,10 +47,7 @@ if TYPE_CHECKING:
 # sandbox, the doctor or a gate is actually used.  The exit steps' module
 # loads now: a multiprocessing child must hook its end before its target
 # returns, which may be before its first sandbox (one from a thread).
-# The walks' module too, before any other registers its at-fork hooks: its
-# "before" then runs after theirs (in reverse order), once another's walk
-# for the child (_once: a final size) is done (see _fstree._step_lock).
-from . import _exit, _fstree  # noqa: F401
+from . import _exit  # noqa: F401
 
 _LAZY = {
     "Check": "_doctor",

@@ -85,9 +85,9 @@ _Here = tuple[str, tuple[int, int]]
 # Held for each step of a walk (an entry visited, a directory entered or
 # left): a fork waits for the step to end, so that the child finds each
 # walk's directory where `fd` says, and no fd a step holds for a moment.
-# Registered first (sbxlimit/__init__), so that the fork takes it last:
-# another before-fork hook waits for walks (_once: a final size another
-# thread measures), or walks on the forking thread (re-entrant, then).
+# Registered before _once's hook (it imports this module first), so that
+# a fork takes it after that hook has waited for another thread's final
+# size or walked one itself (on the forking thread: re-entrant).
 _step_lock = threading.RLock()
 # The walks holding a directory open: a forked child closes them (a
 # ForkedSandbox's program must not keep another sandbox's workspace open).

@@ -17,6 +17,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+# Imported first, so that its at-fork hooks are registered before ours:
+# at a fork ours runs first (reverse order), and may walk (a workspace's
+# size), or wait for another thread's walk, before the walks' step lock
+# is taken (see _fstree._step_lock).
+from . import _fstree  # noqa: F401
+
 T = TypeVar("T")
 log = logging.getLogger("sbxlimit")
 

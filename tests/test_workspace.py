@@ -599,6 +599,7 @@ def test_a_walk_in_another_before_fork_hook_does_not_wait_for_itself(tmp_path):
 
 FORK_WHILE_A_FINAL_SIZE_IS_MEASURED = """
 import os, sys, threading
+import sbxlimit._once  # first, as the cgroups' module has it
 from sbxlimit import _workspace
 walking, real = threading.Event(), _workspace.size
 
