@@ -527,6 +527,15 @@ def _grown_ahead_of_the_walk(grows: pathlib.Path, writes: pathlib.Path) -> None:
     assert b.termination.reason == "disk", b.termination
 
 
+def _wide_tree(top: pathlib.Path, dirs: int, files: int) -> pathlib.Path:
+    """`top` holding `dirs` directories of `files` empty files each."""
+    for d in range(dirs):
+        (top / f"d{d}").mkdir(parents=True)
+        for f in range(files):
+            (top / f"d{d}" / f"f{f}").touch()
+    return top
+
+
 @pytest.mark.skipif(not _fstree.usable, reason="no *at calls here: the walk goes by path")
 def test_a_walk_waiting_for_its_turn_is_not_left_open_in_a_fork(tmp_path):
     # A walk between two turns holds the directory it is in: a forked
@@ -548,11 +557,7 @@ def test_no_directory_of_a_walk_under_way_is_left_open_in_a_fork(fast_tmp):
     # do): the walk's directory, or one a step had open for a moment (a
     # listing's), was left open in most children (a review, 2026-11-28:
     # 112 of 150).
-    tree = fast_tmp / "tree"
-    for d in range(40):
-        (tree / f"d{d}").mkdir(parents=True)
-        for e in range(1000):
-            (tree / f"d{d}" / f"e{e}").touch()
+    tree = _wide_tree(fast_tmp / "tree", 40, 1000)
     stop = threading.Event()
 
     def walking() -> None:
@@ -626,11 +631,7 @@ def test_a_fork_while_another_thread_measures_a_final_size_does_not_hang(fast_tm
     # A fork first has the final sizes still pending measured (for the
     # child); when another thread was measuring one, the fork waited for it
     # while holding what that thread's walk waited for (the walks' step).
-    tree = fast_tmp / "tree"
-    for d in range(20):
-        (tree / f"d{d}").mkdir(parents=True)
-        for f in range(1000):
-            (tree / f"d{d}" / f"f{f}").touch()
+    tree = _wide_tree(fast_tmp / "tree", 20, 1000)
     r = subprocess.run(
         [PY, "-c", FORK_WHILE_A_FINAL_SIZE_IS_MEASURED, str(tree)],
         capture_output=True,
