@@ -455,8 +455,9 @@ class Monitor:
         # namespace held, or -1).
         self._trash: list[tuple[str, int, _workspace.FinalSize | None]] = []
         self._emptying = 0  # threads removing what they took from _trash
-        # Workspaces to measure (Watch, path, limit), by the sizer thread
-        # (started at the first): a walk as long as the program makes it.
+        # Workspaces to measure (Watch, its walk so far, limit), by the sizer
+        # thread (started at the first): a walk as long as the program
+        # makes it, taken in turns.
         self._sizes: list[tuple[Watch, _workspace.Sizing, int]] = []
         self._sizer = _Worker("sbxlimit-sizer", self._measure_sizes)
         # What a program left in its workspace, removed by the janitor
