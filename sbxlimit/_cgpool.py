@@ -7,8 +7,11 @@ asked for, the supervisor thread keeps ``SIZE`` cgroups of it ready, made
 and limited exactly as ``Cgroup.create`` would make them, while the caller
 waits for its children.  A spawn takes one (and its name: the sandbox's id
 is the cgroup's, as without the pool) or, when none is ready, makes its own
-as before.  A kind unused for ``IDLE`` seconds gives its cgroups back;
-``drain()`` removes them all (at exit, with the retired ones).
+as before; a kind whose spawns found none ready is then kept one deeper,
+up to ``MOST`` (back to back, two were taken faster than they were made
+for a quarter of the spawns; four kept up).  A kind unused for ``IDLE``
+seconds gives its cgroups back; ``drain()`` removes them all (at exit, with
+the retired ones).
 
 Only the default site is pooled: a cgroup_parent the caller names is the
 caller's to remove, and must not be left holding our directories.  A pooled
@@ -27,11 +30,12 @@ from collections.abc import Callable
 
 from ._cgroup import Cgroup, Site
 
-__all__ = ["IDLE", "KINDS", "SIZE", "Pool"]
+__all__ = ["IDLE", "KINDS", "MOST", "SIZE", "Pool"]
 
 log = logging.getLogger("sbxlimit")
 
-SIZE = 2  # ready cgroups per kind
+SIZE = 2  # ready cgroups per kind, at first
+MOST = 4  # ready cgroups per kind once its spawns outran the pool
 KINDS = 4  # kinds kept ready at once (the most recently used)
 IDLE = 10.0  # seconds a kind may go unused before its cgroups go
 
@@ -47,6 +51,7 @@ class Pool:
         self._lock = threading.Lock()
         self._ready: dict[Kind, list[Cgroup]] = {}
         self._used: dict[Kind, float] = {}  # kind -> last asked for
+        self._depth: dict[Kind, int] = {}  # kind -> how many to keep ready
         self._names: dict[Kind, Callable[[], str]] = {}
         self._closed = False
         # Held while one is made: drain() waits for it, so that no cgroup
@@ -71,10 +76,13 @@ class Pool:
         with self._lock:
             if self._closed:
                 return None, -1
+            known = kind in self._used
             self._used[kind] = time.monotonic()
             self._names[kind] = name
             ready = self._ready.get(kind)
             if not ready:
+                if known:  # not the kind's first spawn: the pool fell behind
+                    self._depth[kind] = min(MOST, self._depth.get(kind, SIZE) + 1)
                 return None, 0
             return ready.pop(), len(ready)
 
@@ -88,7 +96,7 @@ class Pool:
         with self._lock:
             if self._closed:
                 return False
-            return any(len(self._ready.get(k, ())) < SIZE for k in self._recent())
+            return any(self._short(k) for k in self._recent())
 
     def next_expiry(self) -> float | None:
         """When the least recently used kind expires (monotonic), if any is
@@ -98,6 +106,9 @@ class Pool:
 
     def _recent(self) -> list[Kind]:
         return sorted(self._used, key=self._used.__getitem__, reverse=True)[:KINDS]
+
+    def _short(self, kind: Kind) -> bool:
+        return len(self._ready.get(kind, ())) < self._depth.get(kind, SIZE)
 
     def work(self, now: float) -> None:
         """Supervisor thread: give back what expired, make what is missing
@@ -113,12 +124,9 @@ class Pool:
             for k in expired:
                 self._used.pop(k, None)
                 self._names.pop(k, None)
+                self._depth.pop(k, None)
             todo = next(
-                (
-                    k
-                    for k in self._recent()
-                    if len(self._ready.get(k, ())) < SIZE and not self._closed
-                ),
+                (k for k in self._recent() if self._short(k) and not self._closed),
                 None,
             )
             name = self._names.get(todo) if todo is not None else None
@@ -151,6 +159,7 @@ class Pool:
             log.debug("sbxlimit: cgroup pool: %s", e)
             with self._lock:
                 self._used.pop(todo, None)
+                self._depth.pop(todo, None)
         finally:
             if cg is not None:
                 _remove(cg)  # still listed as being made while its fds close
@@ -189,6 +198,7 @@ class Pool:
                 self._ready.clear()
                 self._used.clear()
                 self._names.clear()
+                self._depth.clear()
             for cg in gone:
                 _remove(cg)
 

@@ -1459,6 +1459,51 @@ def test_the_pool_is_refilled_while_the_sandbox_that_took_from_it_runs(monkeypat
 
 
 @needs_cgroup
+def test_a_kind_whose_spawns_outran_the_pool_is_kept_deeper():
+    # Back to back, spawns took a kind's two ready cgroups faster than the
+    # supervisor made them (a quarter of the spawns made their own): a kind
+    # that found none ready is kept one deeper, up to MOST.  Its first
+    # spawn, which finds none because none was asked for yet, is no sign.
+    import itertools
+
+    from sbxlimit import _cgpool, _plan
+
+    settings = _plan.plan(Limits(pids=23), None, uid=os.geteuid(), site=SITE).cgroup_settings
+    seq = itertools.count()
+
+    def name() -> str:
+        return f"{os.getpid():x}-deeper-{next(seq)}"
+
+    pool = _cgpool.Pool()
+    taken = []
+
+    def filled() -> int:
+        while pool.wanted():
+            pool.work(time.monotonic())
+        return len(pool._ready.get((SITE, settings), ()))
+
+    def burst() -> None:  # takes all that is ready, and finds none once more
+        while True:
+            cg, _left = pool.take(SITE, settings, name)
+            if cg is None:
+                return
+            taken.append(cg)
+
+    try:
+        assert pool.take(SITE, settings, name) == (None, 0)  # the kind's first spawn
+        depths = [filled()]
+        for _ in range(3):
+            burst()
+            depths.append(filled())
+        assert depths == [_cgpool.SIZE, 3, 4, _cgpool.MOST]
+    finally:
+        pool.drain(close=True)
+        for cg in taken:
+            cg.remove()
+    assert not [cg for cg in taken if any(os.path.exists(d) for d in cg.dirs.values())]
+
+
+@needs_cgroup
 def test_a_cgroup_armed_ahead_reports_an_oom_kill():
     # A cgroup the supervisor made ahead comes with its join files and its
     # OOM event already open: the sandbox that takes it is still ended by
