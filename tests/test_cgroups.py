@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import shutil
 import signal
@@ -2036,22 +2037,14 @@ def test_a_number_closed_and_given_again_is_not_claimed_by_the_cgroup(monkeypatc
 
 # Run in a process of its own: the suite's background threads (the
 # supervisor, the janitor) open and close fds, and one closed under the
-# budget after the filling would be a legitimate place to arm.
+# budget after the filling would be a legitimate place to arm.  The
+# script lists fds with conftest's _fds, whose source goes before it.
 _ARM_PAST_THE_BUDGET = """
 import os, resource
 from sbxlimit._cgroup import Cgroup, discover
 
-def fds():
-    out = {}
-    for x in os.listdir("/proc/self/fd"):
-        try:
-            out[int(x)] = os.readlink(f"/proc/self/fd/{x}")
-        except OSError:
-            pass
-    return out
-
 def eventfds():
-    return {fd for fd, t in fds().items() if t == "anon_inode:[eventfd]"}
+    return {fd for fd, t in _fds().items() if t == "anon_inode:[eventfd]"}
 
 cg = Cgroup.create(discover(), f"sbx-{os.getpid():x}-budget", ())
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -2071,7 +2064,7 @@ try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     dirs = set(cg.dirs.values())
     print(repr((cg.ready_procs, cg.count_fd, cg.events,
-                [t for t in fds().values() if os.path.dirname(t) in dirs],
+                [t for t in _fds().values() if os.path.dirname(t) in dirs],
                 sorted(eventfds() - before))))
 finally:
     for fd in fillers:
@@ -2084,7 +2077,8 @@ finally:
 def test_a_cgroup_armed_past_the_fd_budget_keeps_nothing_and_leaks_nothing():
     # The last quarter of the fd table is the caller's: arming there opens
     # (in one core call) and closes again everything, events included.
-    r = subprocess.run([PY, "-c", _ARM_PAST_THE_BUDGET], capture_output=True, text=True, timeout=60)
+    script = inspect.getsource(_fds) + _ARM_PAST_THE_BUDGET
+    r = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == repr(([], -1, [], [], []))
 
